@@ -1,0 +1,44 @@
+//! `containerd-shim-corral-v2`: the front end. Every behaviour lives in the `corral` library.
+
+use std::process::ExitCode;
+
+use corral::holder::{child, HOLDER_ARG};
+use corral::shim::args::{Action, Args};
+use corral::shim::{delete, server, start};
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    // The holder runs before anything else is set up: single-threaded, no runtime.
+    if argv.first().map(String::as_str) == Some(HOLDER_ARG) {
+        child::main();
+    }
+    let args = match Args::parse(&argv) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("containerd-shim-corral-v2: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match args.action {
+        Action::Version => {
+            println!(
+                "containerd-shim-corral-v2 version {} (commit {})",
+                env!("CARGO_PKG_VERSION"),
+                option_env!("CORRAL_GIT_COMMIT").unwrap_or("unknown")
+            );
+            Ok(())
+        }
+        Action::Info => Err(corral::Error::Unimplemented("-info: runtime info is not implemented yet".into())),
+        Action::Start => start::run(&args),
+        Action::Delete => delete::run(&args),
+        Action::Serve => server::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // `start` and `delete` output goes back to containerd, which shows it in its error.
+            eprintln!("containerd-shim-corral-v2 {:?}: {e}", args.action);
+            ExitCode::FAILURE
+        }
+    }
+}

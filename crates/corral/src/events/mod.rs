@@ -1,0 +1,115 @@
+//! Task events forwarded to containerd (`containerd.services.events.ttrpc.v1.Events/Forward` on
+//! TTRPC_ADDRESS). Publishing never blocks an RPC: events go into a queue that one task drains,
+//! connecting lazily and dropping events (with a log line) while containerd is unreachable.
+
+use std::time::SystemTime;
+
+use containerd_shim_protos::events::task::{TaskCreate, TaskDelete, TaskExit, TaskStart};
+use containerd_shim_protos::protobuf::well_known_types::any::Any;
+use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
+use containerd_shim_protos::protobuf::{Message, MessageField};
+use containerd_shim_protos::shim::event::Envelope;
+use containerd_shim_protos::shim::events::ForwardRequest;
+use containerd_shim_protos::shim_async::EventsClient;
+use containerd_shim_protos::ttrpc::context;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+/// A typed event ready to be wrapped in an envelope.
+pub struct Event {
+    topic: &'static str,
+    payload: Any,
+}
+
+fn any<M: Message>(type_url: &str, msg: &M) -> Any {
+    let mut a = Any::new();
+    a.type_url = type_url.to_string();
+    a.value = msg.write_to_bytes().unwrap_or_default();
+    a
+}
+
+pub fn timestamp(t: SystemTime) -> MessageField<Timestamp> {
+    MessageField::some(Timestamp::from(t))
+}
+
+impl Event {
+    pub fn create(id: &str, bundle: &str, pid: u32) -> Event {
+        let msg = TaskCreate { container_id: id.into(), bundle: bundle.into(), pid, ..Default::default() };
+        Event { topic: "/tasks/create", payload: any("containerd.events.TaskCreate", &msg) }
+    }
+    pub fn start(id: &str, pid: u32) -> Event {
+        let msg = TaskStart { container_id: id.into(), pid, ..Default::default() };
+        Event { topic: "/tasks/start", payload: any("containerd.events.TaskStart", &msg) }
+    }
+    pub fn exit(id: &str, pid: u32, status: u32, at: SystemTime) -> Event {
+        let msg = TaskExit {
+            container_id: id.into(),
+            id: id.into(),
+            pid,
+            exit_status: status,
+            exited_at: timestamp(at),
+            ..Default::default()
+        };
+        Event { topic: "/tasks/exit", payload: any("containerd.events.TaskExit", &msg) }
+    }
+    pub fn delete(id: &str, pid: u32, status: u32, at: SystemTime) -> Event {
+        let msg = TaskDelete {
+            container_id: id.into(),
+            id: id.into(),
+            pid,
+            exit_status: status,
+            exited_at: timestamp(at),
+            ..Default::default()
+        };
+        Event { topic: "/tasks/delete", payload: any("containerd.events.TaskDelete", &msg) }
+    }
+}
+
+#[derive(Clone)]
+pub struct Publisher {
+    tx: mpsc::UnboundedSender<Event>,
+}
+
+impl Publisher {
+    /// Starts the forwarding task. `address` is containerd's ttrpc socket; `None` drops events.
+    pub fn spawn(address: Option<String>, namespace: String) -> Publisher {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(forward(address, namespace, rx));
+        Publisher { tx }
+    }
+
+    pub fn publish(&self, event: Event) {
+        let _ = self.tx.send(event);
+    }
+}
+
+async fn forward(address: Option<String>, namespace: String, mut rx: mpsc::UnboundedReceiver<Event>) {
+    let mut client: Option<EventsClient> = None;
+    while let Some(event) = rx.recv().await {
+        let Some(address) = address.as_deref() else { continue };
+        if client.is_none() {
+            let addr = if address.starts_with("unix://") { address.to_string() } else { format!("unix://{address}") };
+            match containerd_shim_protos::ttrpc::asynchronous::Client::connect(&addr).await {
+                Ok(c) => client = Some(EventsClient::new(c)),
+                Err(e) => {
+                    warn!(topic = event.topic, error = %e, "events: cannot reach containerd; event dropped");
+                    continue;
+                }
+            }
+        }
+        let mut envelope = Envelope::new();
+        envelope.timestamp = timestamp(SystemTime::now());
+        envelope.namespace = namespace.clone();
+        envelope.topic = event.topic.to_string();
+        envelope.event = MessageField::some(event.payload);
+        let req = ForwardRequest { envelope: MessageField::some(envelope), ..Default::default() };
+        let c = client.as_ref().expect("connected above");
+        match c.forward(context::with_timeout(5_000_000_000), &req).await {
+            Ok(_) => debug!(topic = event.topic, "event forwarded"),
+            Err(e) => {
+                warn!(topic = event.topic, error = %e, "events: forward failed; reconnecting");
+                client = None;
+            }
+        }
+    }
+}

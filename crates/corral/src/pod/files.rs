@@ -1,0 +1,198 @@
+//! The pod's files (`/etc/hostname`, `/etc/hosts`, `/etc/resolv.conf`) and its `/dev/shm`.
+//!
+//! CRI writes none of them in shim mode, so corral does, under the sandbox bundle (a 0700
+//! directory containerd made). Files are created with `O_EXCL | O_NOFOLLOW` inside a directory
+//! corral just created, so a symlink planted in advance cannot redirect a write. Mounts (the shm
+//! tmpfs, the namespace pins) live below `<bundle>/rootfs`, where containerd's recursive unmount
+//! on bundle removal is a safety net if corral itself is gone.
+
+use std::fs::{DirBuilder, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+use crate::error::{IoContext, Result};
+use crate::pod::spec::{Dns, PodSpec};
+
+/// Default size of the pod's /dev/shm, as containerd's podsandbox controller uses.
+pub const SHM_SIZE_KIB: u64 = 65536;
+
+/// Where a pod's files and mounts live inside its sandbox bundle.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PodPaths {
+    pub bundle: PathBuf,
+}
+
+impl PodPaths {
+    pub fn new(bundle: impl Into<PathBuf>) -> Self {
+        PodPaths { bundle: bundle.into() }
+    }
+    /// Plain files: removable by containerd's RemoveAll.
+    pub fn files_dir(&self) -> PathBuf {
+        self.bundle.join("pod")
+    }
+    pub fn hostname(&self) -> PathBuf {
+        self.files_dir().join("hostname")
+    }
+    pub fn hosts(&self) -> PathBuf {
+        self.files_dir().join("hosts")
+    }
+    pub fn resolv_conf(&self) -> PathBuf {
+        self.files_dir().join("resolv.conf")
+    }
+    /// Mount points live below rootfs (see the module doc).
+    pub fn mounts_dir(&self) -> PathBuf {
+        self.bundle.join("rootfs")
+    }
+    pub fn shm(&self) -> PathBuf {
+        self.mounts_dir().join("shm")
+    }
+    pub fn ns_dir(&self) -> PathBuf {
+        self.mounts_dir().join("ns")
+    }
+    pub fn ns_pin(&self, kind: &str) -> PathBuf {
+        self.ns_dir().join(kind)
+    }
+    /// corral's record of the pod, read by `delete` when the server is gone.
+    pub fn state_file(&self) -> PathBuf {
+        self.bundle.join("corral.json")
+    }
+}
+
+/// The node's files copied into pods, as containerd does.
+const NODE_HOSTS: &str = "/etc/hosts";
+const NODE_RESOLV_CONF: &str = "/etc/resolv.conf";
+
+/// Writes hostname, hosts and resolv.conf for the pod.
+pub fn write_files(paths: &PodPaths, spec: &PodSpec) -> Result<()> {
+    let dir = paths.files_dir();
+    // A fresh directory: if anything is already there, refuse rather than reuse it.
+    DirBuilder::new().mode(0o755).create(&dir).with_path("create pod files directory", &dir)?;
+
+    write_new(&paths.hostname(), format!("{}\n", spec.hostname).as_bytes())?;
+    let hosts = std::fs::read(NODE_HOSTS).unwrap_or_else(|_| default_hosts().into_bytes());
+    write_new(&paths.hosts(), &hosts)?;
+    let resolv = match &spec.dns {
+        Some(dns) => resolv_conf(dns).into_bytes(),
+        None => std::fs::read(NODE_RESOLV_CONF).unwrap_or_default(),
+    };
+    write_new(&paths.resolv_conf(), &resolv)?;
+    Ok(())
+}
+
+fn default_hosts() -> String {
+    "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n".to_string()
+}
+
+/// resolv.conf from the pod's DNS config, in the format containerd writes.
+pub fn resolv_conf(dns: &Dns) -> String {
+    let mut out = String::new();
+    if !dns.searches.is_empty() {
+        out.push_str(&format!("search {}\n", dns.searches.join(" ")));
+    }
+    for server in &dns.servers {
+        out.push_str(&format!("nameserver {server}\n"));
+    }
+    if !dns.options.is_empty() {
+        out.push_str(&format!("options {}\n", dns.options.join(" ")));
+    }
+    out
+}
+
+/// Creates `path` (which must not exist, and is never followed if it is a symlink) with `data`.
+fn write_new(path: &Path, data: &[u8]) -> Result<()> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .with_path("create pod file", path)?;
+    file.write_all(data).with_path("write pod file", path)
+}
+
+/// Mounts the pod's /dev/shm tmpfs (mode 1777, nosuid, nodev, noexec).
+pub fn mount_shm(paths: &PodPaths, size_kib: u64) -> Result<()> {
+    let target = paths.shm();
+    DirBuilder::new().mode(0o755).create(&target).with_path("create shm mount point", &target)?;
+    mount(
+        Some("shm"),
+        &target,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(format!("mode=1777,size={size_kib}k").as_str()),
+    )
+    .with_path("mount pod shm tmpfs on", &target)
+}
+
+/// Unmounts `path` if it is mounted; a missing path or a path that is not a mount is fine.
+pub fn unmount_if_mounted(path: &Path) -> Result<()> {
+    match umount2(path, MntFlags::MNT_DETACH) {
+        Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => Ok(()),
+        Err(e) => Err(e).with_path("unmount", path),
+    }
+}
+
+/// Releases everything [`write_files`], [`mount_shm`] and the namespace pins created. Tries every
+/// step and reports the first failure, so one stuck mount does not keep the rest alive.
+pub fn remove_all(paths: &PodPaths) -> Result<()> {
+    let mut first_err = None;
+    let mut note = |r: Result<()>| {
+        if let Err(e) = r {
+            first_err.get_or_insert(e);
+        }
+    };
+    note(unmount_if_mounted(&paths.shm()));
+    if let Ok(entries) = std::fs::read_dir(paths.ns_dir()) {
+        for entry in entries.flatten() {
+            note(unmount_if_mounted(&entry.path()));
+        }
+    }
+    for dir in [paths.ns_dir(), paths.shm(), paths.files_dir()] {
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                note(Err(e).with_path("remove", &dir))
+            }
+            _ => {}
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolv_conf_has_search_nameservers_and_options() {
+        let dns = Dns {
+            servers: vec!["10.96.0.10".into(), "10.96.0.11".into()],
+            searches: vec!["ns.svc.cluster.local".into(), "svc.cluster.local".into()],
+            options: vec!["ndots:5".into()],
+        };
+        assert_eq!(
+            resolv_conf(&dns),
+            "search ns.svc.cluster.local svc.cluster.local\nnameserver 10.96.0.10\nnameserver 10.96.0.11\noptions ndots:5\n"
+        );
+        assert_eq!(resolv_conf(&Dns::default()), "");
+    }
+
+    #[test]
+    fn write_new_refuses_a_planted_symlink() {
+        let dir = std::env::temp_dir().join(format!("corral-files-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let link = dir.join("hosts");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        assert!(write_new(&link, b"evil").is_err());
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

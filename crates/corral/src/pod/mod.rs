@@ -1,0 +1,251 @@
+//! The pod sandbox: its spec, holder, pins, files, containers and lifecycle.
+//!
+//! Lifecycle: Created (CreateSandbox) -> Ready (StartSandbox) -> Stopped (StopSandbox, or the
+//! holder died) -> gone (ShutdownSandbox). Only ShutdownSandbox ends the shim.
+
+pub mod files;
+pub mod persist;
+pub mod spec;
+pub mod sysctl;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use nix::sys::signal::Signal;
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use crate::error::{Error, Result};
+use crate::holder::{pins, Holder, HolderSpec};
+use crate::task::oci::PodContext;
+use crate::task::runc::Runc;
+use crate::task::{Container, ExitInfo};
+use files::PodPaths;
+use persist::Record;
+use spec::{NsMode, PodSpec};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodState {
+    Created,
+    Ready,
+    /// Ended: stopped, or its holder died.
+    Stopped(ExitInfo),
+}
+
+pub struct Pod {
+    pub id: String,
+    pub spec: PodSpec,
+    pub paths: PodPaths,
+    pub created_at: SystemTime,
+    holder: Holder,
+    pins: HashMap<String, PathBuf>,
+    state: watch::Sender<PodState>,
+    pub containers: Mutex<HashMap<String, Arc<Container>>>,
+    runc: Runc,
+}
+
+impl Pod {
+    /// Builds the pod: files, shm, holder, pins, record. Blocking (spawns and waits for the
+    /// holder); on failure releases everything it made.
+    pub fn create(id: &str, bundle: PathBuf, spec: PodSpec, runc: Runc) -> Result<Pod> {
+        let paths = PodPaths::new(bundle);
+        match Self::build(id, &paths, &spec) {
+            Ok((holder, pins)) => {
+                let pod = Pod {
+                    id: id.to_string(),
+                    spec,
+                    paths,
+                    created_at: SystemTime::now(),
+                    holder,
+                    pins,
+                    state: watch::channel(PodState::Created).0,
+                    containers: Mutex::new(HashMap::new()),
+                    runc,
+                };
+                if let Err(e) = pod.save_record() {
+                    let _ = pod.holder.pidfd.signal(Signal::SIGKILL);
+                    let _ = files::remove_all(&pod.paths);
+                    return Err(e);
+                }
+                Ok(pod)
+            }
+            Err(e) => {
+                let _ = files::remove_all(&paths);
+                Err(e)
+            }
+        }
+    }
+
+    fn build(id: &str, paths: &PodPaths, spec: &PodSpec) -> Result<(Holder, HashMap<String, PathBuf>)> {
+        files::write_files(paths, spec)?;
+        if spec.ipc == NsMode::Pod {
+            files::mount_shm(paths, files::SHM_SIZE_KIB)?;
+        }
+        let holder = Holder::spawn(&HolderSpec {
+            sandbox_id: id.to_string(),
+            netns: spec.netns_path.clone(),
+            new_ipc: spec.ipc == NsMode::Pod,
+            new_uts: spec.network == NsMode::Pod,
+            new_pid: spec.pid == NsMode::Pod,
+            hostname: (spec.network == NsMode::Pod).then(|| spec.hostname.clone()),
+            sysctls: spec.sysctls.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        })?;
+        let mut kinds = Vec::new();
+        if spec.network == NsMode::Pod {
+            kinds.extend(["net", "uts"]);
+        }
+        if spec.ipc == NsMode::Pod {
+            kinds.push("ipc");
+        }
+        match pins::pin(paths, holder.pid, &kinds) {
+            Ok(made) => Ok((holder, made.into_iter().collect())),
+            Err(e) => {
+                let _ = holder.pidfd.signal(Signal::SIGKILL);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn holder_pid(&self) -> i32 {
+        self.holder.pid
+    }
+
+    pub fn state(&self) -> PodState {
+        *self.state.borrow()
+    }
+
+    pub fn start(&self) -> Result<()> {
+        match self.state() {
+            PodState::Created => {
+                self.state.send_replace(PodState::Ready);
+                Ok(())
+            }
+            PodState::Ready => Ok(()),
+            PodState::Stopped(_) => Err(Error::precondition(format!("sandbox {}: already stopped", self.id))),
+        }
+    }
+
+    /// Watches the holder; its death ends the pod. Run once, in its own task.
+    pub async fn watch_holder(self: Arc<Self>) {
+        let status = self.holder.pidfd.wait().await;
+        debug!(sandbox = %self.id, status, "holder exited");
+        self.mark_stopped(status);
+    }
+
+    fn mark_stopped(&self, status: u32) {
+        self.state.send_if_modified(|s| match s {
+            PodState::Stopped(_) => false,
+            _ => {
+                *s = PodState::Stopped(ExitInfo { status, at: SystemTime::now() });
+                true
+            }
+        });
+    }
+
+    /// Resolves when the pod has ended.
+    pub async fn wait(&self) -> ExitInfo {
+        let mut rx = self.state.subscribe();
+        loop {
+            if let PodState::Stopped(exit) = *rx.borrow_and_update() {
+                return exit;
+            }
+            if rx.changed().await.is_err() {
+                // Sender lives in self: unreachable while self is borrowed.
+                unreachable!("pod state sender dropped");
+            }
+        }
+    }
+
+    /// What a container of this pod needs from it.
+    pub fn context(&self) -> PodContext {
+        PodContext {
+            sandbox_pid: self.holder.pid,
+            pins: self.pins.clone(),
+            hostname: self.paths.hostname(),
+            hosts: self.paths.hosts(),
+            resolv_conf: self.paths.resolv_conf(),
+            shm: match self.spec.ipc {
+                NsMode::Pod => self.paths.shm(),
+                _ => PathBuf::from("/dev/shm"),
+            },
+        }
+    }
+
+    pub fn container(&self, id: &str) -> Option<Arc<Container>> {
+        self.containers.lock().unwrap().get(id).cloned()
+    }
+
+    pub fn add_container(&self, c: Arc<Container>) -> Result<()> {
+        {
+            let mut map = self.containers.lock().unwrap();
+            if map.contains_key(&c.id) {
+                return Err(Error::AlreadyExists(format!("container {}: already exists", c.id)));
+            }
+            map.insert(c.id.clone(), c);
+        }
+        self.save_record()
+    }
+
+    pub fn remove_container(&self, id: &str) -> Result<()> {
+        self.containers.lock().unwrap().remove(id);
+        self.save_record()
+    }
+
+    fn save_record(&self) -> Result<()> {
+        let containers = self
+            .containers
+            .lock()
+            .unwrap()
+            .values()
+            .map(|c| (c.id.clone(), c.bundle.clone()))
+            .collect();
+        Record {
+            sandbox_id: self.id.clone(),
+            server_pid: std::process::id() as i32,
+            holder_pid: self.holder.pid,
+            runc_binary: self.runc.binary.clone(),
+            runc_root: self.runc.root.clone(),
+            containers,
+        }
+        .save(&self.paths.state_file())
+    }
+
+    /// Stops the pod: kills every container and the holder, then marks it stopped. Idempotent.
+    pub async fn stop(&self) -> Result<ExitInfo> {
+        let containers: Vec<_> = self.containers.lock().unwrap().values().cloned().collect();
+        for c in &containers {
+            if c.exit().is_none() {
+                if let Err(e) = c.kill(&self.runc, Signal::SIGKILL as u32, true).await {
+                    warn!(sandbox = %self.id, container = %c.id, error = %e, "kill on pod stop");
+                }
+            }
+        }
+        for c in &containers {
+            if tokio::time::timeout(Duration::from_secs(10), c.wait()).await.is_err() {
+                warn!(sandbox = %self.id, container = %c.id, "container did not exit after SIGKILL");
+            }
+        }
+        let _ = self.holder.pidfd.signal(Signal::SIGKILL);
+        Ok(self.wait().await)
+    }
+
+    /// Releases everything: containers (runc state, rootfs mounts), pins, shm, files, record.
+    /// Tries every step; returns the first failure.
+    pub async fn release(&self) -> Result<()> {
+        let mut first_err = None;
+        self.stop().await?;
+        let containers: Vec<_> = self.containers.lock().unwrap().drain().map(|(_, c)| c).collect();
+        for c in containers {
+            if let Err(e) = c.force_delete(&self.runc).await {
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Err(e) = files::remove_all(&self.paths) {
+            first_err.get_or_insert(e);
+        }
+        let _ = std::fs::remove_file(self.paths.state_file());
+        first_err.map_or(Ok(()), Err)
+    }
+}

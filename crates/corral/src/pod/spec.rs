@@ -1,0 +1,300 @@
+//! CreateSandbox options -> a validated [`PodSpec`].
+//!
+//! containerd 2.1 sends the full CRI `runtime.v1.PodSandboxConfig` as a protobuf `Any`; nothing else
+//! describes the pod. Every check here names the field it refuses, and nothing is created before all
+//! checks pass.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use k8s_cri::v1::{NamespaceMode, PodSandboxConfig};
+use prost::Message;
+
+use crate::error::{Error, Result};
+use crate::pod::sysctl;
+
+/// The type URL containerd 2.1 puts on CreateSandboxRequest.options.
+pub const POD_CONFIG_TYPE: &str = "runtime.v1.PodSandboxConfig";
+
+/// Where a pod namespace comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum NsMode {
+    /// One namespace shared by the pod's containers, owned by the holder.
+    Pod,
+    /// The node's namespace.
+    Node,
+    /// Each container gets its own (PID only; kubelet's default).
+    Container,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Dns {
+    pub servers: Vec<String>,
+    pub searches: Vec<String>,
+    pub options: Vec<String>,
+}
+
+/// What corral needs to know about a pod, validated.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PodSpec {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    /// The UTS hostname: the pod's, or the node's when the pod sets none.
+    pub hostname: String,
+    pub network: NsMode,
+    pub pid: NsMode,
+    pub ipc: NsMode,
+    /// CRI's network namespace (network mode POD only).
+    pub netns_path: Option<PathBuf>,
+    /// `None`: copy the node's resolv.conf.
+    pub dns: Option<Dns>,
+    /// Sysctls to apply in the pod's namespaces, containerd's defaults included.
+    pub sysctls: BTreeMap<String, String>,
+    pub cgroup_parent: String,
+}
+
+/// Decodes and validates CreateSandbox's `options` and `netns_path`.
+pub fn decode(type_url: Option<&str>, value: &[u8], netns_path: &str) -> Result<PodSpec> {
+    let type_url = type_url.ok_or_else(|| {
+        Error::invalid("options: missing; corral needs the CRI PodSandboxConfig (containerd 2.1+ with CRI)")
+    })?;
+    // containerd 2.1 sends the bare name; other clients may prefix it with a host.
+    if type_url != POD_CONFIG_TYPE && !type_url.ends_with(&format!("/{POD_CONFIG_TYPE}")) {
+        return Err(Error::invalid(format!(
+            "options.type_url: {type_url:?} is not {POD_CONFIG_TYPE:?}"
+        )));
+    }
+    let config = PodSandboxConfig::decode(value)
+        .map_err(|e| Error::invalid(format!("options.value: not a PodSandboxConfig: {e}")))?;
+    from_config(&config, netns_path)
+}
+
+pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpec> {
+    let meta = config
+        .metadata
+        .as_ref()
+        .ok_or_else(|| Error::invalid("PodSandboxConfig.metadata: missing"))?;
+    let linux = config.linux.clone().unwrap_or_default();
+    let ns = linux
+        .security_context
+        .as_ref()
+        .and_then(|sc| sc.namespace_options.clone())
+        .unwrap_or_default();
+
+    let network = mode("network", ns.network, &[NamespaceMode::Pod, NamespaceMode::Node])?;
+    let pid = mode(
+        "pid",
+        ns.pid,
+        &[NamespaceMode::Pod, NamespaceMode::Container, NamespaceMode::Node],
+    )?;
+    let ipc = mode("ipc", ns.ipc, &[NamespaceMode::Pod, NamespaceMode::Node])?;
+
+    let netns_path = match network {
+        NsMode::Pod => {
+            if netns_path.is_empty() {
+                return Err(Error::invalid(
+                    "netns_path: empty, but the pod's network namespace mode is POD",
+                ));
+            }
+            let path = PathBuf::from(netns_path);
+            if !path.is_absolute() {
+                return Err(Error::invalid(format!("netns_path: {netns_path:?} is not absolute")));
+            }
+            Some(path)
+        }
+        _ => None,
+    };
+
+    let hostname = if config.hostname.is_empty() {
+        nix::unistd::gethostname()
+            .map_err(|e| Error::sys("read the node's hostname", e))?
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        config.hostname.clone()
+    };
+    validate_hostname(&hostname)
+        .map_err(|why| Error::invalid(format!("PodSandboxConfig.hostname: {hostname:?} {why}")))?;
+
+    let dns = config.dns_config.as_ref().map(|d| Dns {
+        servers: d.servers.clone(),
+        searches: d.searches.clone(),
+        options: d.options.clone(),
+    });
+    if let Some(d) = &dns {
+        for (field, values) in [("servers", &d.servers), ("searches", &d.searches), ("options", &d.options)] {
+            for v in values.iter() {
+                if v.is_empty() || v.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                    return Err(Error::invalid(format!(
+                        "PodSandboxConfig.dns_config.{field}: {v:?} is empty or has whitespace or control characters"
+                    )));
+                }
+            }
+        }
+    }
+
+    let sysctls = sysctl::resolve(&linux.sysctls, network, ipc)?;
+
+    Ok(PodSpec {
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        hostname,
+        network,
+        pid,
+        ipc,
+        netns_path,
+        dns,
+        sysctls,
+        cgroup_parent: linux.cgroup_parent,
+    })
+}
+
+fn mode(field: &str, raw: i32, allowed: &[NamespaceMode]) -> Result<NsMode> {
+    let parsed = NamespaceMode::try_from(raw).map_err(|_| {
+        Error::invalid(format!(
+            "PodSandboxConfig.linux.security_context.namespace_options.{field}: unknown mode {raw}"
+        ))
+    })?;
+    if !allowed.contains(&parsed) {
+        return Err(Error::invalid(format!(
+            "PodSandboxConfig.linux.security_context.namespace_options.{field}: mode {} is not valid for a pod",
+            parsed.as_str_name()
+        )));
+    }
+    Ok(match parsed {
+        NamespaceMode::Pod => NsMode::Pod,
+        NamespaceMode::Node => NsMode::Node,
+        // TARGET is excluded by every `allowed` list above.
+        NamespaceMode::Container | NamespaceMode::Target => NsMode::Container,
+    })
+}
+
+/// A hostname the kernel and resolvers accept: 1-64 bytes of letters, digits, '-' and '.',
+/// not starting or ending with '-' or '.'.
+fn validate_hostname(name: &str) -> std::result::Result<(), &'static str> {
+    if name.is_empty() || name.len() > 64 {
+        return Err("must be 1 to 64 characters long");
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
+        return Err("may hold only letters, digits, '-' and '.'");
+    }
+    let edge = |b: u8| b == b'-' || b == b'.';
+    if edge(name.as_bytes()[0]) || edge(name.as_bytes()[name.len() - 1]) {
+        return Err("must start and end with a letter or digit");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_cri::v1::{
+        DnsConfig, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceOption,
+        PodSandboxMetadata,
+    };
+
+    fn config(ns: Option<NamespaceOption>) -> PodSandboxConfig {
+        PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: "web".into(),
+                uid: "uid-1".into(),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            hostname: "web-0".into(),
+            linux: Some(LinuxPodSandboxConfig {
+                cgroup_parent: "/kubepods/pod1".into(),
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: ns,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn kubelet_ns() -> Option<NamespaceOption> {
+        Some(NamespaceOption {
+            network: NamespaceMode::Pod as i32,
+            pid: NamespaceMode::Container as i32,
+            ipc: NamespaceMode::Pod as i32,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn decodes_a_kubelet_pod_from_its_protobuf_bytes() {
+        let bytes = config(kubelet_ns()).encode_to_vec();
+        let spec = decode(Some(POD_CONFIG_TYPE), &bytes, "/var/run/netns/cni-1").unwrap();
+        assert_eq!(spec.name, "web");
+        assert_eq!(spec.namespace, "default");
+        assert_eq!(spec.uid, "uid-1");
+        assert_eq!(spec.hostname, "web-0");
+        assert_eq!((spec.network, spec.pid, spec.ipc), (NsMode::Pod, NsMode::Container, NsMode::Pod));
+        assert_eq!(spec.netns_path.as_deref(), Some(std::path::Path::new("/var/run/netns/cni-1")));
+        assert_eq!(spec.cgroup_parent, "/kubepods/pod1");
+        assert_eq!(spec.dns, None);
+        // containerd's defaults are applied for a pod network namespace.
+        assert_eq!(spec.sysctls.get("net.ipv4.ip_unprivileged_port_start").map(String::as_str), Some("0"));
+    }
+
+    #[test]
+    fn missing_namespace_options_mean_pod_for_all_three() {
+        let spec = from_config(&config(None), "/run/netns/x").unwrap();
+        assert_eq!((spec.network, spec.pid, spec.ipc), (NsMode::Pod, NsMode::Pod, NsMode::Pod));
+    }
+
+    #[test]
+    fn accepts_a_prefixed_type_url_and_dns() {
+        let mut c = config(kubelet_ns());
+        c.dns_config = Some(DnsConfig {
+            servers: vec!["10.0.0.10".into()],
+            searches: vec!["svc.cluster.local".into()],
+            options: vec!["ndots:5".into()],
+        });
+        let spec = decode(
+            Some("types.googleapis.com/runtime.v1.PodSandboxConfig"),
+            &c.encode_to_vec(),
+            "/run/netns/x",
+        )
+        .unwrap();
+        assert_eq!(spec.dns.unwrap().options, vec!["ndots:5"]);
+    }
+
+    #[test]
+    fn refuses_bad_input_naming_the_field() {
+        let err = |r: Result<PodSpec>| r.unwrap_err().to_string();
+        assert!(err(decode(None, &[], "/x")).starts_with("options: missing"));
+        assert!(err(decode(Some("foo.Bar"), &[], "/x")).starts_with("options.type_url"));
+        assert!(err(decode(Some(POD_CONFIG_TYPE), &[0xff, 0xff, 0xff], "/x")).starts_with("options.value"));
+        assert!(err(from_config(&PodSandboxConfig::default(), "/x")).contains("metadata"));
+        assert!(err(from_config(&config(kubelet_ns()), "")).starts_with("netns_path: empty"));
+        assert!(err(from_config(&config(kubelet_ns()), "rel/ns")).contains("not absolute"));
+
+        let mut c = config(kubelet_ns());
+        c.hostname = "bad_host!".into();
+        assert!(err(from_config(&c, "/x")).starts_with("PodSandboxConfig.hostname"));
+
+        let mut ns = kubelet_ns().unwrap();
+        ns.ipc = 7;
+        assert!(err(from_config(&config(Some(ns.clone())), "/x")).contains("namespace_options.ipc: unknown mode 7"));
+        ns.ipc = NamespaceMode::Target as i32;
+        assert!(err(from_config(&config(Some(ns)), "/x")).contains("namespace_options.ipc: mode TARGET"));
+
+        let mut c = config(kubelet_ns());
+        c.dns_config = Some(DnsConfig { servers: vec!["1.1.1.1\nnameserver 6.6.6.6".into()], ..Default::default() });
+        assert!(err(from_config(&c, "/x")).contains("dns_config.servers"));
+    }
+
+    #[test]
+    fn host_network_needs_no_netns() {
+        let mut ns = kubelet_ns().unwrap();
+        ns.network = NamespaceMode::Node as i32;
+        let spec = from_config(&config(Some(ns)), "").unwrap();
+        assert_eq!(spec.netns_path, None);
+        assert!(!spec.sysctls.contains_key("net.ipv4.ip_unprivileged_port_start"));
+    }
+}

@@ -1,0 +1,135 @@
+//! Pod sysctls: only keys that live in a namespace the pod owns are accepted, so a pod can never
+//! change the host. containerd's podsandbox controller adds two defaults; corral does the same.
+
+use std::collections::BTreeMap;
+
+use crate::error::{Error, Result};
+use crate::pod::spec::NsMode;
+
+/// Defaults containerd applies to pods with their own network namespace (unless set by the pod).
+const NET_DEFAULTS: [(&str, &str); 2] = [
+    ("net.ipv4.ip_unprivileged_port_start", "0"),
+    ("net.ipv4.ping_group_range", "0 2147483647"),
+];
+
+/// IPC-namespaced keys (besides `fs.mqueue.*`).
+const IPC_KEYS: [&str; 8] = [
+    "kernel.shmmax",
+    "kernel.shmall",
+    "kernel.shmmni",
+    "kernel.shm_rmid_forced",
+    "kernel.msgmax",
+    "kernel.msgmnb",
+    "kernel.msgmni",
+    "kernel.sem",
+];
+
+/// Validates the pod's sysctls and adds containerd's defaults.
+pub fn resolve(
+    requested: &std::collections::HashMap<String, String>,
+    network: NsMode,
+    ipc: NsMode,
+) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for (key, value) in requested {
+        let field = || format!("PodSandboxConfig.linux.sysctls[{key:?}]");
+        check_key(key, network, ipc).map_err(|why| Error::invalid(format!("{}: {why}", field())))?;
+        if value.is_empty() || value.len() > 4096 || value.chars().any(|c| c.is_control()) {
+            return Err(Error::invalid(format!(
+                "{}: value {value:?} is empty, too long or has control characters",
+                field()
+            )));
+        }
+        out.insert(normalize(key), value.clone());
+    }
+    if network == NsMode::Pod {
+        for (k, v) in NET_DEFAULTS {
+            out.entry(k.to_string()).or_insert_with(|| v.to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// `net/ipv4/ip_forward` and `net.ipv4.ip_forward` name the same key.
+fn normalize(key: &str) -> String {
+    key.replace('/', ".")
+}
+
+fn check_key(key: &str, network: NsMode, ipc: NsMode) -> std::result::Result<(), String> {
+    let key = normalize(key);
+    let well_formed = !key.is_empty()
+        && key.split('.').all(|part| {
+            !part.is_empty()
+                && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        });
+    if !well_formed {
+        return Err("not a well-formed sysctl name".into());
+    }
+    if key.starts_with("net.") {
+        return match network {
+            NsMode::Pod => Ok(()),
+            _ => Err("net.* sysctls need the pod's own network namespace (hostNetwork is set)".into()),
+        };
+    }
+    if IPC_KEYS.contains(&key.as_str()) || key.starts_with("fs.mqueue.") {
+        return match ipc {
+            NsMode::Pod => Ok(()),
+            _ => Err("IPC sysctls need the pod's own IPC namespace (hostIPC is set)".into()),
+        };
+    }
+    Err("not a namespaced sysctl; it would change the host".into())
+}
+
+/// The /proc/sys path of a validated key.
+pub fn proc_path(key: &str) -> String {
+    format!("/proc/sys/{}", key.replace('.', "/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn one(k: &str, v: &str) -> HashMap<String, String> {
+        HashMap::from([(k.to_string(), v.to_string())])
+    }
+
+    #[test]
+    fn accepts_namespaced_keys_and_adds_defaults() {
+        let got = resolve(&one("net/ipv4/ip_forward", "1"), NsMode::Pod, NsMode::Pod).unwrap();
+        assert_eq!(got.get("net.ipv4.ip_forward").map(String::as_str), Some("1"));
+        assert_eq!(got.get("net.ipv4.ping_group_range").map(String::as_str), Some("0 2147483647"));
+        let got = resolve(&one("kernel.shmmax", "1000"), NsMode::Node, NsMode::Pod).unwrap();
+        assert_eq!(got.len(), 1, "no net defaults with the host network: {got:?}");
+    }
+
+    #[test]
+    fn a_pod_value_wins_over_the_default() {
+        let got =
+            resolve(&one("net.ipv4.ip_unprivileged_port_start", "1024"), NsMode::Pod, NsMode::Pod)
+                .unwrap();
+        assert_eq!(got["net.ipv4.ip_unprivileged_port_start"], "1024");
+    }
+
+    #[test]
+    fn refuses_host_level_and_malformed_keys() {
+        for (k, v, net, ipc, why) in [
+            ("kernel.panic", "1", NsMode::Pod, NsMode::Pod, "not a namespaced sysctl"),
+            ("vm.swappiness", "1", NsMode::Pod, NsMode::Pod, "not a namespaced sysctl"),
+            ("net.ipv4.ip_forward", "1", NsMode::Node, NsMode::Pod, "hostNetwork"),
+            ("kernel.shmmax", "1", NsMode::Pod, NsMode::Node, "hostIPC"),
+            ("net..x", "1", NsMode::Pod, NsMode::Pod, "well-formed"),
+            ("net.ipv4/../../x", "1", NsMode::Pod, NsMode::Pod, "well-formed"),
+            ("net.ipv4.ip_forward", "1\n", NsMode::Pod, NsMode::Pod, "control"),
+        ] {
+            let err = resolve(&one(k, v), net, ipc).unwrap_err().to_string();
+            assert!(err.contains(&format!("sysctls[{k:?}]")), "{err}");
+            assert!(err.contains(why), "{k}: {err}");
+        }
+    }
+
+    #[test]
+    fn proc_path_maps_dots_to_slashes() {
+        assert_eq!(proc_path("net.ipv4.ip_forward"), "/proc/sys/net/ipv4/ip_forward");
+    }
+}

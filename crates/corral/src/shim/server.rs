@@ -1,0 +1,91 @@
+//! The long-running server: one ttrpc server on the socket `start` bound, serving the Sandbox
+//! API and the Task API (v3, and the same handlers under the v2 name). A current-thread runtime
+//! keeps the per-pod footprint small; blocking work (the holder) goes to the blocking pool.
+//!
+//! Exit rule: only when the last pod was shut down (ShutdownSandbox, or containerd reaping an
+//! orphan), or on SIGTERM/SIGINT from the node.
+
+use std::io::Write;
+use std::os::fd::FromRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use containerd_shim_protos::sandbox_async::create_sandbox;
+use containerd_shim_protos::shim_async::create_task;
+use tokio::signal::unix::{signal, SignalKind};
+
+use super::args::Args;
+use super::start::{LISTEN_FD, READY_FD};
+use crate::error::{Error, IoContext, Result};
+use crate::events::Publisher;
+use crate::service::sandbox::SandboxService;
+use crate::service::task::TaskService;
+use crate::service::Shim;
+use crate::task::runc::Runc;
+
+/// The OCI runtime binary: `CORRAL_RUNC` or `runc` from PATH.
+pub fn runc_binary() -> String {
+    std::env::var("CORRAL_RUNC").unwrap_or_else(|_| "runc".to_string())
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    super::logging::init(args.debug, &args.id);
+    // Container inits are reparented to corral when `runc create` exits; the subreaper bit makes
+    // them corral's children so their exit status can be collected.
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument only.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(Error::io("become child subreaper", std::io::Error::last_os_error()));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(4)
+        .build()
+        .context(|| "build async runtime".into())?;
+    let result = runtime.block_on(serve(args));
+    if let Some(socket) = &args.socket {
+        let _ = std::fs::remove_file(socket);
+    }
+    if let Err(e) = &result {
+        tracing::error!(error = %e, "server failed");
+    }
+    result
+}
+
+async fn serve(args: &Args) -> Result<()> {
+    let events = Publisher::spawn(std::env::var("TTRPC_ADDRESS").ok(), args.namespace.clone());
+    let runc = Runc::new(runc_binary(), &args.namespace);
+    std::fs::create_dir_all(&runc.root).with_path("create runc root", &runc.root)?;
+    let shim = Shim::new(args.namespace.clone(), runc, events);
+
+    let tasks = Arc::new(TaskService { shim: shim.clone() });
+    let mut services = create_task(tasks.clone());
+    // Same messages, older service name: containerd < 2.0 or a version-2 fallback.
+    for (name, service) in create_task(tasks) {
+        services.insert(name.replace(".v3.", ".v2."), service);
+    }
+    services.extend(create_sandbox(Arc::new(SandboxService { shim: shim.clone() })));
+
+    // SAFETY: `start` placed a listening unix socket on LISTEN_FD for this process alone.
+    let server = unsafe { ttrpc::asynchronous::Server::new().add_unix_listener(LISTEN_FD) }
+        .map_err(|e| Error::invalid(format!("listener on fd {LISTEN_FD}: {e}")))?;
+    let mut server = server.register_service(services);
+    server.start().await.map_err(|e| Error::invalid(format!("start ttrpc server: {e}")))?;
+
+    // SAFETY: `start` placed the write end of its readiness pipe on READY_FD for us alone.
+    let mut ready = unsafe { std::fs::File::from_raw_fd(READY_FD) };
+    let _ = ready.write_all(b"R");
+    drop(ready);
+    tracing::info!(sandbox = %args.id, pid = std::process::id(), "serving");
+
+    let mut term = signal(SignalKind::terminate()).context(|| "watch SIGTERM".into())?;
+    let mut int = signal(SignalKind::interrupt()).context(|| "watch SIGINT".into())?;
+    tokio::select! {
+        _ = shim.exit.notified() => tracing::info!("last pod shut down; exiting"),
+        _ = term.recv() => tracing::info!("SIGTERM; exiting"),
+        _ = int.recv() => tracing::info!("SIGINT; exiting"),
+    }
+    // Let the ShutdownSandbox reply reach containerd before connections close.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), server.shutdown()).await;
+    Ok(())
+}

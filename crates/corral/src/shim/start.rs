@@ -1,0 +1,146 @@
+//! `start`: bind the socket (mode 0600), spawn the detached server with the listening socket as
+//! fd 3, wait until it says it serves, print the bootstrap JSON, exit. containerd reads stdout and
+//! stderr together until EOF, so the server gets neither.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::args::Args;
+use super::bootstrap;
+use crate::error::{Error, IoContext, Result};
+
+/// Default directory for shim sockets (short, so paths stay under the unix socket limit).
+pub const SOCKET_DIR: &str = "/run/corral/s";
+/// fds the server finds its listener and readiness pipe on.
+pub const LISTEN_FD: i32 = 3;
+pub const READY_FD: i32 = 4;
+
+/// A stable socket path for (containerd address, namespace, id), like containerd's own shims.
+pub fn socket_path(dir: &Path, address: &str, namespace: &str, id: &str) -> PathBuf {
+    let digest = Sha256::digest(format!("{address}{namespace}{id}").as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    dir.join(hex)
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let mut stdin = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut stdin);
+    let input = bootstrap::parse_stdin(&stdin, &args.id)?;
+    let dir = PathBuf::from(input.socket_dir.unwrap_or_else(|| SOCKET_DIR.to_string()));
+    let socket = socket_path(&dir, &args.address, &args.namespace, &args.id);
+
+    // A server for this id may already run (containerd retried `start`): reuse it.
+    if socket.exists() {
+        if UnixStream::connect(&socket).is_ok() {
+            return print_reply(&socket);
+        }
+        std::fs::remove_file(&socket).with_path("remove stale socket", &socket)?;
+    }
+    std::fs::create_dir_all(&dir).with_path("create socket directory", &dir)?;
+    let listener = bind_private(&socket)?;
+
+    let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("create readiness pipe", e))?;
+    let spawned = spawn_server(args, &socket, listener.into(), ready_w);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            let _ = std::fs::remove_file(&socket);
+            return Err(e);
+        }
+    };
+    // The server writes one byte once its services are registered and it accepts.
+    let mut ready = std::fs::File::from(ready_r);
+    let mut byte = [0u8; 1];
+    match read_with_timeout(&mut ready, &mut byte, Duration::from_secs(10)) {
+        Ok(1) => print_reply(&socket),
+        other => {
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_file(&socket);
+            Err(Error::Holder {
+                step: "start server".into(),
+                message: format!("the server did not become ready: {other:?}"),
+            })
+        }
+    }
+}
+
+fn print_reply(socket: &Path) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(bootstrap::reply_json(socket).as_bytes()).context(|| "write bootstrap reply".into())?;
+    out.flush().context(|| "flush bootstrap reply".into())
+}
+
+/// Binds with umask 0177 so the socket is 0600 from its first instant.
+fn bind_private(socket: &Path) -> Result<UnixListener> {
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(socket);
+    nix::sys::stat::umask(old);
+    bound.with_path("bind", socket)
+}
+
+fn spawn_server(args: &Args, socket: &Path, listener: OwnedFd, ready_w: OwnedFd) -> Result<std::process::Child> {
+    let mut cmd = Command::new("/proc/self/exe");
+    cmd.arg("-namespace").arg(&args.namespace).arg("-address").arg(&args.address);
+    cmd.arg("-publish-binary").arg(&args.publish_binary).arg("-id").arg(&args.id);
+    cmd.arg("-socket").arg(socket);
+    if args.debug {
+        cmd.arg("-debug");
+    }
+    cmd.arg("serve");
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    let (lfd, rfd) = (listener.as_raw_fd(), ready_w.as_raw_fd());
+    // SAFETY: between fork and exec this only calls async-signal-safe functions (fcntl, dup2,
+    // setsid) on fds that stay open in the parent until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Move both fds out of the way first, then into place without CLOEXEC.
+            let l = libc::fcntl(lfd, libc::F_DUPFD_CLOEXEC, 64);
+            let r = libc::fcntl(rfd, libc::F_DUPFD_CLOEXEC, 64);
+            if l < 0 || r < 0 || libc::dup2(l, LISTEN_FD) < 0 || libc::dup2(r, READY_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Its own session: containerd's process group kill of `start` must not reach it.
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context(|| "spawn shim server".into())?;
+    drop(listener);
+    drop(ready_w);
+    Ok(child)
+}
+
+fn read_with_timeout(file: &mut std::fs::File, buf: &mut [u8], timeout: Duration) -> std::io::Result<usize> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLIN)];
+    let ms = PollTimeout::try_from(timeout.as_millis() as i32).unwrap_or(PollTimeout::MAX);
+    match poll(&mut fds, ms)? {
+        0 => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out")),
+        _ => file.read(buf),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_path_is_stable_short_and_distinct() {
+        let a = socket_path(Path::new(SOCKET_DIR), "/run/containerd/containerd.sock", "k8s.io", &"a".repeat(64));
+        let b = socket_path(Path::new(SOCKET_DIR), "/run/containerd/containerd.sock", "k8s.io", &"b".repeat(64));
+        assert_eq!(a, socket_path(Path::new(SOCKET_DIR), "/run/containerd/containerd.sock", "k8s.io", &"a".repeat(64)));
+        assert_ne!(a, b);
+        assert!(a.as_os_str().len() < 108, "unix socket paths are limited to 107 bytes");
+    }
+}

@@ -1,0 +1,9 @@
+//! The pod's containers, run through the OCI runtime.
+
+pub mod container;
+pub mod oci;
+pub mod rootfs;
+pub mod runc;
+pub mod stdio;
+
+pub use container::{Container, ExitInfo, Status};
