@@ -28,7 +28,9 @@ fn main() -> ExitCode {
             );
             Ok(())
         }
-        Action::Info => Err(corral::Error::Unimplemented("-info: runtime info is not implemented yet".into())),
+        Action::Info => Err(corral::Error::Unimplemented(
+            "-info: runtime info is not implemented yet".into(),
+        )),
         Action::Start => start::run(&args),
         Action::Delete => delete::run(&args),
         Action::Serve => server::run(&args),

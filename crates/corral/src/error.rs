@@ -25,10 +25,17 @@ pub enum Error {
     Unimplemented(String),
     /// A system call or file operation failed; `what` names the step and its object.
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     /// The OCI runtime failed; `message` is the runtime's own last error.
     #[error("runc {op} {id}: {message}")]
-    Runtime { op: &'static str, id: String, message: String },
+    Runtime {
+        op: &'static str,
+        id: String,
+        message: String,
+    },
     /// The holder process reported a failure at `step`.
     #[error("pod holder: {step}: {message}")]
     Holder { step: String, message: String },
@@ -36,11 +43,17 @@ pub enum Error {
 
 impl Error {
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Io { what: what.into(), source }
+        Error::Io {
+            what: what.into(),
+            source,
+        }
     }
 
     pub fn sys(what: impl Into<String>, errno: nix::Error) -> Self {
-        Error::Io { what: what.into(), source: std::io::Error::from(errno) }
+        Error::Io {
+            what: what.into(),
+            source: std::io::Error::from(errno),
+        }
     }
 
     pub fn invalid(msg: impl Into<String>) -> Self {

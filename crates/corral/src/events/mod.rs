@@ -34,12 +34,27 @@ pub fn timestamp(t: SystemTime) -> MessageField<Timestamp> {
 
 impl Event {
     pub fn create(id: &str, bundle: &str, pid: u32) -> Event {
-        let msg = TaskCreate { container_id: id.into(), bundle: bundle.into(), pid, ..Default::default() };
-        Event { topic: "/tasks/create", payload: any("containerd.events.TaskCreate", &msg) }
+        let msg = TaskCreate {
+            container_id: id.into(),
+            bundle: bundle.into(),
+            pid,
+            ..Default::default()
+        };
+        Event {
+            topic: "/tasks/create",
+            payload: any("containerd.events.TaskCreate", &msg),
+        }
     }
     pub fn start(id: &str, pid: u32) -> Event {
-        let msg = TaskStart { container_id: id.into(), pid, ..Default::default() };
-        Event { topic: "/tasks/start", payload: any("containerd.events.TaskStart", &msg) }
+        let msg = TaskStart {
+            container_id: id.into(),
+            pid,
+            ..Default::default()
+        };
+        Event {
+            topic: "/tasks/start",
+            payload: any("containerd.events.TaskStart", &msg),
+        }
     }
     pub fn exit(id: &str, pid: u32, status: u32, at: SystemTime) -> Event {
         let msg = TaskExit {
@@ -50,7 +65,10 @@ impl Event {
             exited_at: timestamp(at),
             ..Default::default()
         };
-        Event { topic: "/tasks/exit", payload: any("containerd.events.TaskExit", &msg) }
+        Event {
+            topic: "/tasks/exit",
+            payload: any("containerd.events.TaskExit", &msg),
+        }
     }
     pub fn delete(id: &str, pid: u32, status: u32, at: SystemTime) -> Event {
         let msg = TaskDelete {
@@ -61,7 +79,10 @@ impl Event {
             exited_at: timestamp(at),
             ..Default::default()
         };
-        Event { topic: "/tasks/delete", payload: any("containerd.events.TaskDelete", &msg) }
+        Event {
+            topic: "/tasks/delete",
+            payload: any("containerd.events.TaskDelete", &msg),
+        }
     }
 }
 
@@ -83,12 +104,22 @@ impl Publisher {
     }
 }
 
-async fn forward(address: Option<String>, namespace: String, mut rx: mpsc::UnboundedReceiver<Event>) {
+async fn forward(
+    address: Option<String>,
+    namespace: String,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) {
     let mut client: Option<EventsClient> = None;
     while let Some(event) = rx.recv().await {
-        let Some(address) = address.as_deref() else { continue };
+        let Some(address) = address.as_deref() else {
+            continue;
+        };
         if client.is_none() {
-            let addr = if address.starts_with("unix://") { address.to_string() } else { format!("unix://{address}") };
+            let addr = if address.starts_with("unix://") {
+                address.to_string()
+            } else {
+                format!("unix://{address}")
+            };
             match containerd_shim_protos::ttrpc::asynchronous::Client::connect(&addr).await {
                 Ok(c) => client = Some(EventsClient::new(c)),
                 Err(e) => {
@@ -102,7 +133,10 @@ async fn forward(address: Option<String>, namespace: String, mut rx: mpsc::Unbou
         envelope.namespace = namespace.clone();
         envelope.topic = event.topic.to_string();
         envelope.event = MessageField::some(event.payload);
-        let req = ForwardRequest { envelope: MessageField::some(envelope), ..Default::default() };
+        let req = ForwardRequest {
+            envelope: MessageField::some(envelope),
+            ..Default::default()
+        };
         let c = client.as_ref().expect("connected above");
         match c.forward(context::with_timeout(5_000_000_000), &req).await {
             Ok(_) => debug!(topic = event.topic, "event forwarded"),

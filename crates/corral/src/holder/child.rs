@@ -36,7 +36,9 @@ pub fn main() -> ! {
         // arbitrary code after fork.
         match unsafe { fork() } {
             Ok(ForkResult::Parent { child }) => {
-                report(&Report::Ready { pid: child.as_raw() });
+                report(&Report::Ready {
+                    pid: child.as_raw(),
+                });
                 std::process::exit(0);
             }
             Ok(ForkResult::Child) => {
@@ -46,7 +48,9 @@ pub fn main() -> ! {
             Err(e) => fail("fork pid 1 of the pod", e.to_string()),
         }
     }
-    report(&Report::Ready { pid: getpid().as_raw() });
+    report(&Report::Ready {
+        pid: getpid().as_raw(),
+    });
     detach_stdio();
     wait_forever(&signals)
 }
@@ -57,7 +61,11 @@ fn enter_pod(spec: &HolderSpec) -> Result<(), (String, String)> {
         let step = || format!("join network namespace {}", netns.display());
         let file = File::open(netns).map_err(|e| (step(), e.to_string()))?;
         setns(file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| {
-            let why = if e == nix::errno::Errno::EINVAL { " (not a network namespace)" } else { "" };
+            let why = if e == nix::errno::Errno::EINVAL {
+                " (not a network namespace)"
+            } else {
+                ""
+            };
             (step(), format!("{e}{why}"))
         })?;
     }
@@ -88,7 +96,12 @@ fn enter_pod(spec: &HolderSpec) -> Result<(), (String, String)> {
 
 fn waited_signals() -> SigSet {
     let mut set = SigSet::empty();
-    for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+    ] {
         set.add(s);
     }
     set
@@ -120,7 +133,10 @@ fn report(report: &Report) {
 }
 
 fn fail(step: &str, error: String) -> ! {
-    report(&Report::Failed { step: step.to_string(), error });
+    report(&Report::Failed {
+        step: step.to_string(),
+        error,
+    });
     std::process::exit(1)
 }
 

@@ -11,6 +11,7 @@ pub mod child;
 pub mod pins;
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -40,8 +41,13 @@ pub struct HolderSpec {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Report {
     /// `pid` (host view) is in all of the pod's namespaces.
-    Ready { pid: i32 },
-    Failed { step: String, error: String },
+    Ready {
+        pid: i32,
+    },
+    Failed {
+        step: String,
+        error: String,
+    },
 }
 
 /// A running holder.
@@ -55,6 +61,7 @@ impl Holder {
     pub fn spawn(spec: &HolderSpec) -> Result<Holder> {
         let exe = PathBuf::from("/proc/self/exe");
         let mut child = Command::new(&exe)
+            .arg0(crate::shim::BINARY_NAME)
             .arg(HOLDER_ARG)
             .arg(&spec.sandbox_id)
             .stdin(Stdio::piped())
@@ -77,10 +84,12 @@ impl Holder {
             .context(|| "read holder report".into());
 
         let report = match (sent, read) {
-            (Ok(()), Ok(_)) => serde_json::from_str::<Report>(line.trim()).map_err(|e| Error::Holder {
-                step: "report".into(),
-                message: format!("unreadable report {line:?}: {e}"),
-            }),
+            (Ok(()), Ok(_)) => {
+                serde_json::from_str::<Report>(line.trim()).map_err(|e| Error::Holder {
+                    step: "report".into(),
+                    message: format!("unreadable report {line:?}: {e}"),
+                })
+            }
             (Err(e), _) | (_, Err(e)) => Err(e),
         };
         match report {
@@ -96,7 +105,10 @@ impl Holder {
             Ok(Report::Failed { step, error }) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                Err(Error::Holder { step, message: error })
+                Err(Error::Holder {
+                    step,
+                    message: error,
+                })
             }
             Err(e) => {
                 let _ = child.kill();

@@ -78,7 +78,11 @@ impl Pod {
         }
     }
 
-    fn build(id: &str, paths: &PodPaths, spec: &PodSpec) -> Result<(Holder, HashMap<String, PathBuf>)> {
+    fn build(
+        id: &str,
+        paths: &PodPaths,
+        spec: &PodSpec,
+    ) -> Result<(Holder, HashMap<String, PathBuf>)> {
         files::write_files(paths, spec)?;
         if spec.ipc == NsMode::Pod {
             files::mount_shm(paths, files::SHM_SIZE_KIB)?;
@@ -90,7 +94,11 @@ impl Pod {
             new_uts: spec.network == NsMode::Pod,
             new_pid: spec.pid == NsMode::Pod,
             hostname: (spec.network == NsMode::Pod).then(|| spec.hostname.clone()),
-            sysctls: spec.sysctls.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            sysctls: spec
+                .sysctls
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         })?;
         let mut kinds = Vec::new();
         if spec.network == NsMode::Pod {
@@ -123,7 +131,10 @@ impl Pod {
                 Ok(())
             }
             PodState::Ready => Ok(()),
-            PodState::Stopped(_) => Err(Error::precondition(format!("sandbox {}: already stopped", self.id))),
+            PodState::Stopped(_) => Err(Error::precondition(format!(
+                "sandbox {}: already stopped",
+                self.id
+            ))),
         }
     }
 
@@ -138,7 +149,10 @@ impl Pod {
         self.state.send_if_modified(|s| match s {
             PodState::Stopped(_) => false,
             _ => {
-                *s = PodState::Stopped(ExitInfo { status, at: SystemTime::now() });
+                *s = PodState::Stopped(ExitInfo {
+                    status,
+                    at: SystemTime::now(),
+                });
                 true
             }
         });
@@ -181,7 +195,10 @@ impl Pod {
         {
             let mut map = self.containers.lock().unwrap();
             if map.contains_key(&c.id) {
-                return Err(Error::AlreadyExists(format!("container {}: already exists", c.id)));
+                return Err(Error::AlreadyExists(format!(
+                    "container {}: already exists",
+                    c.id
+                )));
             }
             map.insert(c.id.clone(), c);
         }
@@ -223,7 +240,10 @@ impl Pod {
             }
         }
         for c in &containers {
-            if tokio::time::timeout(Duration::from_secs(10), c.wait()).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(10), c.wait())
+                .await
+                .is_err()
+            {
                 warn!(sandbox = %self.id, container = %c.id, "container did not exit after SIGKILL");
             }
         }
@@ -236,7 +256,13 @@ impl Pod {
     pub async fn release(&self) -> Result<()> {
         let mut first_err = None;
         self.stop().await?;
-        let containers: Vec<_> = self.containers.lock().unwrap().drain().map(|(_, c)| c).collect();
+        let containers: Vec<_> = self
+            .containers
+            .lock()
+            .unwrap()
+            .drain()
+            .map(|(_, c)| c)
+            .collect();
         for c in containers {
             if let Err(e) = c.force_delete(&self.runc).await {
                 first_err.get_or_insert(e);

@@ -27,7 +27,13 @@ pub struct Shim {
 
 impl Shim {
     pub fn new(namespace: String, runc: Runc, events: Publisher) -> Arc<Shim> {
-        Arc::new(Shim { namespace, runc, pods: Mutex::new(HashMap::new()), events, exit: Arc::new(Notify::new()) })
+        Arc::new(Shim {
+            namespace,
+            runc,
+            pods: Mutex::new(HashMap::new()),
+            events,
+            exit: Arc::new(Notify::new()),
+        })
     }
 
     pub fn pod(&self, id: &str) -> Result<Arc<Pod>> {
@@ -56,12 +62,21 @@ impl Shim {
 
     /// The pod that owns container `id`.
     pub fn pod_of(&self, id: &str) -> Option<Arc<Pod>> {
-        self.pods.lock().unwrap().values().find(|p| p.container(id).is_some()).cloned()
+        self.pods
+            .lock()
+            .unwrap()
+            .values()
+            .find(|p| p.container(id).is_some())
+            .cloned()
     }
 }
 
 /// Logs an RPC at debug level with its duration and outcome, and maps the error for ttrpc.
-pub async fn traced<T>(rpc: &'static str, id: &str, fut: impl std::future::Future<Output = Result<T>>) -> ttrpc::Result<T> {
+pub async fn traced<T>(
+    rpc: &'static str,
+    id: &str,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> ttrpc::Result<T> {
     let started = Instant::now();
     tracing::debug!(rpc, id, "request");
     let out = fut.await;

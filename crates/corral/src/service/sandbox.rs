@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use containerd_shim_protos::protobuf::MessageField;
 use containerd_shim_protos::sandbox_api::*;
 use containerd_shim_protos::sandbox_async::Sandbox;
 use containerd_shim_protos::types::platform::Platform;
-use containerd_shim_protos::protobuf::MessageField;
 use ttrpc::r#async::TtrpcContext;
 
 use super::{traced, Shim};
@@ -23,11 +23,17 @@ impl SandboxService {
     async fn create(&self, req: CreateSandboxRequest) -> Result<()> {
         crate::task::container::validate_id("sandbox_id", &req.sandbox_id)?;
         if self.shim.pods.lock().unwrap().contains_key(&req.sandbox_id) {
-            return Err(Error::AlreadyExists(format!("sandbox {}: already exists", req.sandbox_id)));
+            return Err(Error::AlreadyExists(format!(
+                "sandbox {}: already exists",
+                req.sandbox_id
+            )));
         }
         let bundle = std::path::PathBuf::from(&req.bundle_path);
         if !bundle.is_absolute() || !bundle.is_dir() {
-            return Err(Error::invalid(format!("bundle_path: {:?} is not an existing absolute directory", req.bundle_path)));
+            return Err(Error::invalid(format!(
+                "bundle_path: {:?} is not an existing absolute directory",
+                req.bundle_path
+            )));
         }
         let options = req.options.as_ref();
         let spec = spec::decode(
@@ -39,7 +45,10 @@ impl SandboxService {
         let runc = self.shim.runc.clone();
         let pod = tokio::task::spawn_blocking(move || Pod::create(&id, bundle, spec, runc))
             .await
-            .map_err(|e| Error::Holder { step: "create pod".into(), message: e.to_string() })??;
+            .map_err(|e| Error::Holder {
+                step: "create pod".into(),
+                message: e.to_string(),
+            })??;
         let pod = Arc::new(pod);
         tracing::info!(sandbox = %pod.id, holder = pod.holder_pid(), pod = %pod.spec.name, "sandbox created");
         tokio::spawn(pod.clone().watch_holder());
@@ -78,13 +87,21 @@ impl SandboxService {
 
 #[async_trait]
 impl Sandbox for SandboxService {
-    async fn create_sandbox(&self, _: &TtrpcContext, req: CreateSandboxRequest) -> ttrpc::Result<CreateSandboxResponse> {
+    async fn create_sandbox(
+        &self,
+        _: &TtrpcContext,
+        req: CreateSandboxRequest,
+    ) -> ttrpc::Result<CreateSandboxResponse> {
         let id = req.sandbox_id.clone();
         traced("CreateSandbox", &id, self.create(req)).await?;
         Ok(CreateSandboxResponse::default())
     }
 
-    async fn start_sandbox(&self, _: &TtrpcContext, req: StartSandboxRequest) -> ttrpc::Result<StartSandboxResponse> {
+    async fn start_sandbox(
+        &self,
+        _: &TtrpcContext,
+        req: StartSandboxRequest,
+    ) -> ttrpc::Result<StartSandboxResponse> {
         traced("StartSandbox", &req.sandbox_id, async {
             let pod = self.shim.pod(&req.sandbox_id)?;
             pod.start()?;
@@ -97,7 +114,11 @@ impl Sandbox for SandboxService {
         .await
     }
 
-    async fn platform(&self, _: &TtrpcContext, req: PlatformRequest) -> ttrpc::Result<PlatformResponse> {
+    async fn platform(
+        &self,
+        _: &TtrpcContext,
+        req: PlatformRequest,
+    ) -> ttrpc::Result<PlatformResponse> {
         traced("Platform", &req.sandbox_id, async {
             self.shim.pod(&req.sandbox_id)?;
             let platform = Platform {
@@ -105,12 +126,19 @@ impl Sandbox for SandboxService {
                 architecture: go_arch().into(),
                 ..Default::default()
             };
-            Ok(PlatformResponse { platform: MessageField::some(platform), ..Default::default() })
+            Ok(PlatformResponse {
+                platform: MessageField::some(platform),
+                ..Default::default()
+            })
         })
         .await
     }
 
-    async fn stop_sandbox(&self, _: &TtrpcContext, req: StopSandboxRequest) -> ttrpc::Result<StopSandboxResponse> {
+    async fn stop_sandbox(
+        &self,
+        _: &TtrpcContext,
+        req: StopSandboxRequest,
+    ) -> ttrpc::Result<StopSandboxResponse> {
         traced("StopSandbox", &req.sandbox_id, async {
             let pod = self.shim.pod(&req.sandbox_id)?;
             pod.stop().await?;
@@ -119,21 +147,37 @@ impl Sandbox for SandboxService {
         .await
     }
 
-    async fn wait_sandbox(&self, _: &TtrpcContext, req: WaitSandboxRequest) -> ttrpc::Result<WaitSandboxResponse> {
+    async fn wait_sandbox(
+        &self,
+        _: &TtrpcContext,
+        req: WaitSandboxRequest,
+    ) -> ttrpc::Result<WaitSandboxResponse> {
         traced("WaitSandbox", &req.sandbox_id, async {
             let pod = self.shim.pod(&req.sandbox_id)?;
             let exit = pod.wait().await;
-            Ok(WaitSandboxResponse { exit_status: exit.status, exited_at: timestamp(exit.at), ..Default::default() })
+            Ok(WaitSandboxResponse {
+                exit_status: exit.status,
+                exited_at: timestamp(exit.at),
+                ..Default::default()
+            })
         })
         .await
     }
 
-    async fn sandbox_status(&self, _: &TtrpcContext, req: SandboxStatusRequest) -> ttrpc::Result<SandboxStatusResponse> {
+    async fn sandbox_status(
+        &self,
+        _: &TtrpcContext,
+        req: SandboxStatusRequest,
+    ) -> ttrpc::Result<SandboxStatusResponse> {
         let id = req.sandbox_id.clone();
         traced("SandboxStatus", &id, async { self.status(&req) }).await
     }
 
-    async fn ping_sandbox(&self, _: &TtrpcContext, req: PingRequest) -> ttrpc::Result<PingResponse> {
+    async fn ping_sandbox(
+        &self,
+        _: &TtrpcContext,
+        req: PingRequest,
+    ) -> ttrpc::Result<PingResponse> {
         traced("PingSandbox", &req.sandbox_id, async {
             self.shim.pod(&req.sandbox_id)?;
             Ok(PingResponse::default())
@@ -141,7 +185,11 @@ impl Sandbox for SandboxService {
         .await
     }
 
-    async fn shutdown_sandbox(&self, _: &TtrpcContext, req: ShutdownSandboxRequest) -> ttrpc::Result<ShutdownSandboxResponse> {
+    async fn shutdown_sandbox(
+        &self,
+        _: &TtrpcContext,
+        req: ShutdownSandboxRequest,
+    ) -> ttrpc::Result<ShutdownSandboxResponse> {
         traced("ShutdownSandbox", &req.sandbox_id, async {
             let pod = self.shim.pod(&req.sandbox_id)?;
             self.shim.shutdown_pod(pod).await?;
@@ -151,7 +199,11 @@ impl Sandbox for SandboxService {
         .await
     }
 
-    async fn sandbox_metrics(&self, _: &TtrpcContext, req: SandboxMetricsRequest) -> ttrpc::Result<SandboxMetricsResponse> {
+    async fn sandbox_metrics(
+        &self,
+        _: &TtrpcContext,
+        req: SandboxMetricsRequest,
+    ) -> ttrpc::Result<SandboxMetricsResponse> {
         traced("SandboxMetrics", &req.sandbox_id, async {
             self.shim.pod(&req.sandbox_id)?;
             Err::<SandboxMetricsResponse, _>(Error::Unimplemented(
@@ -172,4 +224,3 @@ pub fn go_arch() -> &'static str {
         other => other,
     }
 }
-

@@ -29,14 +29,21 @@ fn no_exec(exec_id: &str) -> Result<()> {
     if exec_id.is_empty() {
         Ok(())
     } else {
-        Err(Error::not_found(format!("exec {exec_id}: not found (exec is not supported yet)")))
+        Err(Error::not_found(format!(
+            "exec {exec_id}: not found (exec is not supported yet)"
+        )))
     }
 }
 
 impl TaskService {
     fn container(&self, id: &str) -> Result<(Arc<Pod>, Arc<Container>)> {
-        let pod = self.shim.pod_of(id).ok_or_else(|| Error::not_found(format!("container {id}: not found")))?;
-        let c = pod.container(id).ok_or_else(|| Error::not_found(format!("container {id}: not found")))?;
+        let pod = self
+            .shim
+            .pod_of(id)
+            .ok_or_else(|| Error::not_found(format!("container {id}: not found")))?;
+        let c = pod
+            .container(id)
+            .ok_or_else(|| Error::not_found(format!("container {id}: not found")))?;
         Ok((pod, c))
     }
 
@@ -49,7 +56,9 @@ impl TaskService {
         let pods = self.shim.pods.lock().unwrap();
         match pods.len() {
             1 => Ok(pods.values().next().cloned().expect("one pod")),
-            0 => Err(Error::precondition("no sandbox: create the sandbox before its containers")),
+            0 => Err(Error::precondition(
+                "no sandbox: create the sandbox before its containers",
+            )),
             _ => Err(Error::invalid(format!(
                 "bundle {}: no sandbox file says which pod the container belongs to",
                 bundle.display()
@@ -59,11 +68,18 @@ impl TaskService {
 
     async fn create(&self, req: CreateTaskRequest) -> Result<CreateTaskResponse> {
         if self.shim.pod_of(&req.id).is_some() {
-            return Err(Error::AlreadyExists(format!("container {}: already exists", req.id)));
+            return Err(Error::AlreadyExists(format!(
+                "container {}: already exists",
+                req.id
+            )));
         }
         let pod = self.pod_for_new(Path::new(&req.bundle))?;
         if pod.state() != PodState::Ready {
-            return Err(Error::precondition(format!("sandbox {}: not ready ({:?})", pod.id, pod.state())));
+            return Err(Error::precondition(format!(
+                "sandbox {}: not ready ({:?})",
+                pod.id,
+                pod.state()
+            )));
         }
         let c = Arc::new(Container::create(&self.shim.runc, &req, &pod.context()).await?);
         if let Err(e) = pod.add_container(c.clone()) {
@@ -77,9 +93,14 @@ impl TaskService {
             tracing::debug!(container = %watched.id, status = exit.status, "container exited");
             events.publish(Event::exit(&watched.id, watched.pid, exit.status, exit.at));
         });
-        self.shim.events.publish(Event::create(&c.id, &req.bundle, c.pid));
+        self.shim
+            .events
+            .publish(Event::create(&c.id, &req.bundle, c.pid));
         tracing::info!(sandbox = %pod.id, container = %c.id, pid = c.pid, "container created");
-        Ok(CreateTaskResponse { pid: c.pid, ..Default::default() })
+        Ok(CreateTaskResponse {
+            pid: c.pid,
+            ..Default::default()
+        })
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
@@ -87,8 +108,15 @@ impl TaskService {
         let (pod, c) = self.container(&req.id)?;
         let exit = c.delete(&self.shim.runc).await?;
         pod.remove_container(&c.id)?;
-        self.shim.events.publish(Event::delete(&c.id, c.pid, exit.status, exit.at));
-        Ok(DeleteResponse { pid: c.pid, exit_status: exit.status, exited_at: timestamp(exit.at), ..Default::default() })
+        self.shim
+            .events
+            .publish(Event::delete(&c.id, c.pid, exit.status, exit.at));
+        Ok(DeleteResponse {
+            pid: c.pid,
+            exit_status: exit.status,
+            exited_at: timestamp(exit.at),
+            ..Default::default()
+        })
     }
 
     fn state(&self, req: &StateRequest) -> Result<StateResponse> {
@@ -123,7 +151,11 @@ impl Task for TaskService {
         traced("State", &id, async { self.state(&req) }).await
     }
 
-    async fn create(&self, _: &TtrpcContext, req: CreateTaskRequest) -> ttrpc::Result<CreateTaskResponse> {
+    async fn create(
+        &self,
+        _: &TtrpcContext,
+        req: CreateTaskRequest,
+    ) -> ttrpc::Result<CreateTaskResponse> {
         let id = req.id.clone();
         traced("Create", &id, self.create(req)).await
     }
@@ -134,7 +166,10 @@ impl Task for TaskService {
             let (_, c) = self.container(&req.id)?;
             c.start(&self.shim.runc).await?;
             self.shim.events.publish(Event::start(&c.id, c.pid));
-            Ok(StartResponse { pid: c.pid, ..Default::default() })
+            Ok(StartResponse {
+                pid: c.pid,
+                ..Default::default()
+            })
         })
         .await
     }
@@ -156,8 +191,17 @@ impl Task for TaskService {
                 Some(_) => Vec::new(),
                 None => self.shim.runc.ps(&c.id, &c.bundle).await?,
             };
-            let processes = pids.into_iter().map(|pid| ProcessInfo { pid, ..Default::default() }).collect();
-            Ok(PidsResponse { processes, ..Default::default() })
+            let processes = pids
+                .into_iter()
+                .map(|pid| ProcessInfo {
+                    pid,
+                    ..Default::default()
+                })
+                .collect();
+            Ok(PidsResponse {
+                processes,
+                ..Default::default()
+            })
         })
         .await
     }
@@ -178,10 +222,16 @@ impl Task for TaskService {
         .await
     }
 
-    async fn checkpoint(&self, _: &TtrpcContext, req: CheckpointTaskRequest) -> ttrpc::Result<Empty> {
+    async fn checkpoint(
+        &self,
+        _: &TtrpcContext,
+        req: CheckpointTaskRequest,
+    ) -> ttrpc::Result<Empty> {
         traced("Checkpoint", &req.id, async {
             self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented("Checkpoint: not supported (no CRIU integration)".into()))
+            Err::<Empty, _>(Error::Unimplemented(
+                "Checkpoint: not supported (no CRIU integration)".into(),
+            ))
         })
         .await
     }
@@ -199,7 +249,10 @@ impl Task for TaskService {
     async fn exec(&self, _: &TtrpcContext, req: ExecProcessRequest) -> ttrpc::Result<Empty> {
         traced("Exec", &req.id, async {
             self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented(format!("Exec {}: exec is not implemented yet", req.exec_id)))
+            Err::<Empty, _>(Error::Unimplemented(format!(
+                "Exec {}: exec is not implemented yet",
+                req.exec_id
+            )))
         })
         .await
     }
@@ -207,7 +260,9 @@ impl Task for TaskService {
     async fn resize_pty(&self, _: &TtrpcContext, req: ResizePtyRequest) -> ttrpc::Result<Empty> {
         traced("ResizePty", &req.id, async {
             self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented("ResizePty: tty is not implemented yet".into()))
+            Err::<Empty, _>(Error::Unimplemented(
+                "ResizePty: tty is not implemented yet".into(),
+            ))
         })
         .await
     }
@@ -215,7 +270,9 @@ impl Task for TaskService {
     async fn close_io(&self, _: &TtrpcContext, req: CloseIORequest) -> ttrpc::Result<Empty> {
         traced("CloseIO", &req.id, async {
             self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented("CloseIO: stdin closing is not implemented yet".into()))
+            Err::<Empty, _>(Error::Unimplemented(
+                "CloseIO: stdin closing is not implemented yet".into(),
+            ))
         })
         .await
     }
@@ -223,7 +280,9 @@ impl Task for TaskService {
     async fn update(&self, _: &TtrpcContext, req: UpdateTaskRequest) -> ttrpc::Result<Empty> {
         traced("Update", &req.id, async {
             self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented("Update: resource updates are not implemented yet".into()))
+            Err::<Empty, _>(Error::Unimplemented(
+                "Update: resource updates are not implemented yet".into(),
+            ))
         })
         .await
     }
@@ -233,7 +292,11 @@ impl Task for TaskService {
             no_exec(&req.exec_id)?;
             let (_, c) = self.container(&req.id)?;
             let exit = c.wait().await;
-            Ok(WaitResponse { exit_status: exit.status, exited_at: timestamp(exit.at), ..Default::default() })
+            Ok(WaitResponse {
+                exit_status: exit.status,
+                exited_at: timestamp(exit.at),
+                ..Default::default()
+            })
         })
         .await
     }
@@ -241,18 +304,28 @@ impl Task for TaskService {
     async fn stats(&self, _: &TtrpcContext, req: StatsRequest) -> ttrpc::Result<StatsResponse> {
         traced("Stats", &req.id, async {
             self.container(&req.id)?;
-            Err::<StatsResponse, _>(Error::Unimplemented("Stats: cgroup metrics are not implemented yet".into()))
+            Err::<StatsResponse, _>(Error::Unimplemented(
+                "Stats: cgroup metrics are not implemented yet".into(),
+            ))
         })
         .await
     }
 
-    async fn connect(&self, _: &TtrpcContext, req: ConnectRequest) -> ttrpc::Result<ConnectResponse> {
+    async fn connect(
+        &self,
+        _: &TtrpcContext,
+        req: ConnectRequest,
+    ) -> ttrpc::Result<ConnectResponse> {
         traced("Connect", &req.id, async {
             let task_pid = match self.shim.pod(&req.id) {
                 Ok(pod) => pod.holder_pid() as u32,
                 Err(_) => self.container(&req.id).map(|(_, c)| c.pid).unwrap_or(0),
             };
-            Ok(ConnectResponse { shim_pid: std::process::id(), task_pid, ..Default::default() })
+            Ok(ConnectResponse {
+                shim_pid: std::process::id(),
+                task_pid,
+                ..Default::default()
+            })
         })
         .await
     }

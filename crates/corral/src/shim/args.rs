@@ -51,7 +51,11 @@ impl Args {
                     "start" => Action::Start,
                     "delete" => Action::Delete,
                     "serve" => Action::Serve,
-                    other => return Err(Error::invalid(format!("unknown action {other:?} (start, delete)"))),
+                    other => {
+                        return Err(Error::invalid(format!(
+                            "unknown action {other:?} (start, delete)"
+                        )))
+                    }
                 });
                 continue;
             };
@@ -72,7 +76,7 @@ impl Args {
                 "id" => args.id = value()?,
                 "bundle" => args.bundle = Some(PathBuf::from(value()?)),
                 "socket" => args.socket = Some(PathBuf::from(value()?)),
-                "debug" => args.debug = inline.as_deref().map_or(true, |v| v != "false"),
+                "debug" => args.debug = inline.as_deref() != Some("false"),
                 "v" | "version" => action = action.or(Some(Action::Version)),
                 "info" => action = action.or(Some(Action::Info)),
                 other => return Err(Error::invalid(format!("unknown flag -{other}"))),
@@ -99,15 +103,34 @@ mod tests {
     #[test]
     fn parses_containerd_start_and_delete_lines() {
         let a = Args::parse(&[
-            "-namespace", "k8s.io", "-address", "/run/c.sock", "-publish-binary", "/usr/bin/containerd",
-            "-id", "abc", "-debug", "start",
+            "-namespace",
+            "k8s.io",
+            "-address",
+            "/run/c.sock",
+            "-publish-binary",
+            "/usr/bin/containerd",
+            "-id",
+            "abc",
+            "-debug",
+            "start",
         ])
         .unwrap();
         assert_eq!(a.action, Action::Start);
-        assert_eq!((a.namespace.as_str(), a.address.as_str(), a.id.as_str()), ("k8s.io", "/run/c.sock", "abc"));
+        assert_eq!(
+            (a.namespace.as_str(), a.address.as_str(), a.id.as_str()),
+            ("k8s.io", "/run/c.sock", "abc")
+        );
         assert!(a.debug);
 
-        let a = Args::parse(&["--namespace=k8s.io", "-id", "c1", "-bundle", "/b/c1", "delete"]).unwrap();
+        let a = Args::parse(&[
+            "--namespace=k8s.io",
+            "-id",
+            "c1",
+            "-bundle",
+            "/b/c1",
+            "delete",
+        ])
+        .unwrap();
         assert_eq!(a.action, Action::Delete);
         assert_eq!(a.bundle, Some(PathBuf::from("/b/c1")));
         assert!(!a.debug);
@@ -117,10 +140,19 @@ mod tests {
     #[test]
     fn refuses_bad_lines() {
         let err = |v: &[&str]| Args::parse(v).unwrap_err().to_string();
-        assert_eq!(err(&["-namespace", "n", "-id", "x", "frob"]), "unknown action \"frob\" (start, delete)");
-        assert_eq!(err(&["-namespace", "n", "-id", "x", "-color", "start"]), "unknown flag -color");
+        assert_eq!(
+            err(&["-namespace", "n", "-id", "x", "frob"]),
+            "unknown action \"frob\" (start, delete)"
+        );
+        assert_eq!(
+            err(&["-namespace", "n", "-id", "x", "-color", "start"]),
+            "unknown flag -color"
+        );
         assert_eq!(err(&["-namespace", "n", "start"]), "flag -id: required");
-        assert_eq!(err(&["-namespace", "n", "-id", "../x", "start"]), "flag -id: \"../x\" is not a valid id (1-128 of [A-Za-z0-9_.-])");
+        assert_eq!(
+            err(&["-namespace", "n", "-id", "../x", "start"]),
+            "flag -id: \"../x\" is not a valid id (1-128 of [A-Za-z0-9_.-])"
+        );
         assert_eq!(err(&["-namespace", "n", "-id"]), "flag -id needs a value");
     }
 }

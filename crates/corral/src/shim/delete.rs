@@ -48,7 +48,9 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let bytes = resp.write_to_bytes().expect("DeleteResponse encodes");
     use std::io::Write;
-    std::io::stdout().write_all(&bytes).context(|| "write DeleteResponse".into())
+    std::io::stdout()
+        .write_all(&bytes)
+        .context(|| "write DeleteResponse".into())
 }
 
 /// Whether `pid` is a corral process of `role` ("serve" or "holder") for sandbox `id`: never kill
@@ -57,7 +59,9 @@ fn is_ours(pid: i32, role: &str, id: &str) -> bool {
     if pid <= 0 {
         return false;
     }
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
     args.contains(&role.as_bytes()) && args.contains(&id.as_bytes())
 }
@@ -67,7 +71,10 @@ async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
     if is_ours(record.server_pid, "serve", id) {
         let _ = kill(Pid::from_raw(record.server_pid), Signal::SIGKILL);
     }
-    let runc = Runc { binary: record.runc_binary.clone(), root: record.runc_root.clone() };
+    let runc = Runc {
+        binary: record.runc_binary.clone(),
+        root: record.runc_root.clone(),
+    };
     for (cid, bundle) in &record.containers {
         release_container(&runc, cid, bundle).await;
     }

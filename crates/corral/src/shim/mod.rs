@@ -7,3 +7,7 @@ pub mod delete;
 pub mod logging;
 pub mod server;
 pub mod start;
+
+/// argv[0] of the processes corral spawns from its own executable (server, holder), so `ps`
+/// shows what they are.
+pub const BINARY_NAME: &str = "containerd-shim-corral-v2";

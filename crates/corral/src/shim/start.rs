@@ -46,7 +46,8 @@ pub fn run(args: &Args) -> Result<()> {
     std::fs::create_dir_all(&dir).with_path("create socket directory", &dir)?;
     let listener = bind_private(&socket)?;
 
-    let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| Error::sys("create readiness pipe", e))?;
+    let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| Error::sys("create readiness pipe", e))?;
     let spawned = spawn_server(args, &socket, listener.into(), ready_w);
     let mut child = match spawned {
         Ok(child) => child,
@@ -74,7 +75,8 @@ pub fn run(args: &Args) -> Result<()> {
 
 fn print_reply(socket: &Path) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    out.write_all(bootstrap::reply_json(socket).as_bytes()).context(|| "write bootstrap reply".into())?;
+    out.write_all(bootstrap::reply_json(socket).as_bytes())
+        .context(|| "write bootstrap reply".into())?;
     out.flush().context(|| "flush bootstrap reply".into())
 }
 
@@ -86,16 +88,30 @@ fn bind_private(socket: &Path) -> Result<UnixListener> {
     bound.with_path("bind", socket)
 }
 
-fn spawn_server(args: &Args, socket: &Path, listener: OwnedFd, ready_w: OwnedFd) -> Result<std::process::Child> {
+fn spawn_server(
+    args: &Args,
+    socket: &Path,
+    listener: OwnedFd,
+    ready_w: OwnedFd,
+) -> Result<std::process::Child> {
     let mut cmd = Command::new("/proc/self/exe");
-    cmd.arg("-namespace").arg(&args.namespace).arg("-address").arg(&args.address);
-    cmd.arg("-publish-binary").arg(&args.publish_binary).arg("-id").arg(&args.id);
+    cmd.arg0(super::BINARY_NAME);
+    cmd.arg("-namespace")
+        .arg(&args.namespace)
+        .arg("-address")
+        .arg(&args.address);
+    cmd.arg("-publish-binary")
+        .arg(&args.publish_binary)
+        .arg("-id")
+        .arg(&args.id);
     cmd.arg("-socket").arg(socket);
     if args.debug {
         cmd.arg("-debug");
     }
     cmd.arg("serve");
-    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     let (lfd, rfd) = (listener.as_raw_fd(), ready_w.as_raw_fd());
     // SAFETY: between fork and exec this only calls async-signal-safe functions (fcntl, dup2,
     // setsid) on fds that stay open in the parent until spawn returns.
@@ -120,13 +136,20 @@ fn spawn_server(args: &Args, socket: &Path, listener: OwnedFd, ready_w: OwnedFd)
     Ok(child)
 }
 
-fn read_with_timeout(file: &mut std::fs::File, buf: &mut [u8], timeout: Duration) -> std::io::Result<usize> {
+fn read_with_timeout(
+    file: &mut std::fs::File,
+    buf: &mut [u8],
+    timeout: Duration,
+) -> std::io::Result<usize> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
     let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLIN)];
     let ms = PollTimeout::try_from(timeout.as_millis() as i32).unwrap_or(PollTimeout::MAX);
     match poll(&mut fds, ms)? {
-        0 => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out")),
+        0 => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "timed out",
+        )),
         _ => file.read(buf),
     }
 }
@@ -137,10 +160,31 @@ mod tests {
 
     #[test]
     fn socket_path_is_stable_short_and_distinct() {
-        let a = socket_path(Path::new(SOCKET_DIR), "/run/containerd/containerd.sock", "k8s.io", &"a".repeat(64));
-        let b = socket_path(Path::new(SOCKET_DIR), "/run/containerd/containerd.sock", "k8s.io", &"b".repeat(64));
-        assert_eq!(a, socket_path(Path::new(SOCKET_DIR), "/run/containerd/containerd.sock", "k8s.io", &"a".repeat(64)));
+        let a = socket_path(
+            Path::new(SOCKET_DIR),
+            "/run/containerd/containerd.sock",
+            "k8s.io",
+            &"a".repeat(64),
+        );
+        let b = socket_path(
+            Path::new(SOCKET_DIR),
+            "/run/containerd/containerd.sock",
+            "k8s.io",
+            &"b".repeat(64),
+        );
+        assert_eq!(
+            a,
+            socket_path(
+                Path::new(SOCKET_DIR),
+                "/run/containerd/containerd.sock",
+                "k8s.io",
+                &"a".repeat(64)
+            )
+        );
         assert_ne!(a, b);
-        assert!(a.as_os_str().len() < 108, "unix socket paths are limited to 107 bytes");
+        assert!(
+            a.as_os_str().len() < 108,
+            "unix socket paths are limited to 107 bytes"
+        );
     }
 }

@@ -46,29 +46,44 @@ pub struct Container {
 pub fn validate_id(field: &str, id: &str) -> Result<()> {
     let ok = !id.is_empty()
         && id.len() <= 128
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
         && !id.starts_with('.');
     if ok {
         Ok(())
     } else {
-        Err(Error::invalid(format!("{field}: {id:?} is not a valid id (1-128 of [A-Za-z0-9_.-])")))
+        Err(Error::invalid(format!(
+            "{field}: {id:?} is not a valid id (1-128 of [A-Za-z0-9_.-])"
+        )))
     }
 }
 
 impl Container {
     /// Mounts the rootfs, rewrites config.json for the pod, runs `runc create`. Undoes its work
     /// on failure.
-    pub async fn create(runc: &Runc, req: &CreateTaskRequest, pod: &PodContext) -> Result<Container> {
+    pub async fn create(
+        runc: &Runc,
+        req: &CreateTaskRequest,
+        pod: &PodContext,
+    ) -> Result<Container> {
         validate_id("id", &req.id)?;
         if req.terminal {
-            return Err(Error::Unimplemented("terminal: tty containers are not supported yet".into()));
+            return Err(Error::Unimplemented(
+                "terminal: tty containers are not supported yet".into(),
+            ));
         }
         if !req.checkpoint.is_empty() {
-            return Err(Error::Unimplemented("checkpoint: restoring from a checkpoint is not supported".into()));
+            return Err(Error::Unimplemented(
+                "checkpoint: restoring from a checkpoint is not supported".into(),
+            ));
         }
         let bundle = PathBuf::from(&req.bundle);
         if !bundle.is_absolute() {
-            return Err(Error::invalid(format!("bundle: {:?} is not an absolute path", req.bundle)));
+            return Err(Error::invalid(format!(
+                "bundle: {:?} is not an absolute path",
+                req.bundle
+            )));
         }
         let config_path = bundle.join("config.json");
         let raw = std::fs::read(&config_path).with_path("read", &config_path)?;
@@ -91,7 +106,8 @@ impl Container {
                 .trim()
                 .parse()
                 .map_err(|e| Error::invalid(format!("{}: not a pid: {e}", pid_file.display())))?;
-            let pidfd = PidFd::open(pid as i32).context(|| format!("pidfd_open container init {pid}"))?;
+            let pidfd =
+                PidFd::open(pid as i32).context(|| format!("pidfd_open container init {pid}"))?;
             Ok::<_, Error>((pid, pidfd))
         }
         .await;
@@ -128,7 +144,10 @@ impl Container {
     /// Waits for the init to exit, records it and returns it. Run once, in its own task.
     pub async fn watch_exit(self: &Arc<Self>) -> ExitInfo {
         let status = self.pidfd.wait().await;
-        let info = ExitInfo { status, at: SystemTime::now() };
+        let info = ExitInfo {
+            status,
+            at: SystemTime::now(),
+        };
         *self.status.lock().unwrap() = Status::Stopped;
         self.exit.send_replace(Some(info));
         info
@@ -166,14 +185,19 @@ impl Container {
 
     pub async fn kill(&self, runc: &Runc, signal: u32, all: bool) -> Result<()> {
         if self.status() == Status::Stopped {
-            return Err(Error::not_found(format!("container {}: process already finished", self.id)));
+            return Err(Error::not_found(format!(
+                "container {}: process already finished",
+                self.id
+            )));
         }
         if all {
             return runc.kill(&self.id, &self.bundle, signal, true).await;
         }
         let sig = nix::sys::signal::Signal::try_from(signal as i32)
             .map_err(|_| Error::invalid(format!("signal: {signal} is not a signal")))?;
-        self.pidfd.signal(sig).context(|| format!("signal container {} init", self.id))
+        self.pidfd
+            .signal(sig)
+            .context(|| format!("signal container {} init", self.id))
     }
 
     /// Removes the container from runc and unmounts its rootfs. Refuses a running container.

@@ -54,15 +54,23 @@ pub fn mount_rootfs(mounts: &[Mount], target: &Path) -> Result<()> {
     for (i, m) in mounts.iter().enumerate() {
         let (flags, data) = parse_options(&m.options);
         // A bind mount has no filesystem type; "bind" as a type is containerd's spelling of it.
-        let fstype = if m.type_.is_empty() || m.type_ == "bind" { None } else { Some(m.type_.as_str()) };
+        let fstype = if m.type_.is_empty() || m.type_ == "bind" {
+            None
+        } else {
+            Some(m.type_.as_str())
+        };
         let data = (!data.is_empty()).then_some(data.as_str());
         if data.is_some_and(|d| d.len() >= 4096) {
             let _ = unmount_rootfs(target);
-            return Err(Error::invalid(format!("rootfs[{i}].options: longer than a page ({} bytes)", data.map_or(0, str::len))));
+            return Err(Error::invalid(format!(
+                "rootfs[{i}].options: longer than a page ({} bytes)",
+                data.map_or(0, str::len)
+            )));
         }
-        if let Err(e) = mount(Some(m.source.as_str()), target, fstype, flags, data)
-            .with_path(&format!("mount rootfs[{i}] ({} {}) on", m.type_, m.source), target)
-        {
+        if let Err(e) = mount(Some(m.source.as_str()), target, fstype, flags, data).with_path(
+            &format!("mount rootfs[{i}] ({} {}) on", m.type_, m.source),
+            target,
+        ) {
             let _ = unmount_rootfs(target);
             return Err(e);
         }
@@ -85,9 +93,12 @@ pub fn unmount_rootfs(target: &Path) -> Result<()> {
 
 /// Whether `path` is a mount point, from /proc/self/mountinfo.
 pub fn is_mount_point(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
     let wanted = path.to_string_lossy();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(wanted.as_ref()))
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(wanted.as_ref()))
 }
 
 #[cfg(test)]
@@ -96,10 +107,17 @@ mod tests {
 
     #[test]
     fn splits_flags_from_overlay_data() {
-        let opts: Vec<String> = ["ro", "index=off", "lowerdir=/a:/b", "upperdir=/u", "workdir=/w", "nosuid"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let opts: Vec<String> = [
+            "ro",
+            "index=off",
+            "lowerdir=/a:/b",
+            "upperdir=/u",
+            "workdir=/w",
+            "nosuid",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         let (flags, data) = parse_options(&opts);
         assert_eq!(flags, MsFlags::MS_RDONLY | MsFlags::MS_NOSUID);
         assert_eq!(data, "index=off,lowerdir=/a:/b,upperdir=/u,workdir=/w");

@@ -32,28 +32,50 @@ pub struct CreateIo {
 
 impl Runc {
     pub fn new(binary: impl Into<PathBuf>, namespace: &str) -> Self {
-        Runc { binary: binary.into(), root: Path::new(DEFAULT_ROOT).join(namespace) }
+        Runc {
+            binary: binary.into(),
+            root: Path::new(DEFAULT_ROOT).join(namespace),
+        }
     }
 
     fn command(&self, log: &Path) -> Command {
         let mut cmd = Command::new(&self.binary);
-        cmd.arg("--root").arg(&self.root).arg("--log").arg(log).arg("--log-format").arg("json");
+        cmd.arg("--root")
+            .arg(&self.root)
+            .arg("--log")
+            .arg(log)
+            .arg("--log-format")
+            .arg("json");
         cmd.kill_on_drop(false);
         cmd
     }
 
     /// `runc create`: the container's init waits on runc's exec FIFO until `start`.
-    pub async fn create(&self, id: &str, bundle: &Path, pid_file: &Path, io: CreateIo) -> Result<()> {
+    pub async fn create(
+        &self,
+        id: &str,
+        bundle: &Path,
+        pid_file: &Path,
+        io: CreateIo,
+    ) -> Result<()> {
         let log = bundle.join("runc-log.json");
         let _ = std::fs::remove_file(&log);
         let mut cmd = self.command(&log);
-        cmd.args(["create", "--bundle"]).arg(bundle).arg("--pid-file").arg(pid_file).arg(id);
+        cmd.args(["create", "--bundle"])
+            .arg(bundle)
+            .arg("--pid-file")
+            .arg(pid_file)
+            .arg(id);
         cmd.stdin(io.stdin).stdout(io.stdout).stderr(io.stderr);
         let status = cmd.status().await.with_path("run", &self.binary)?;
         if status.success() {
             return Ok(());
         }
-        Err(Error::Runtime { op: "create", id: id.into(), message: last_error(&log, &status.to_string()) })
+        Err(Error::Runtime {
+            op: "create",
+            id: id.into(),
+            message: last_error(&log, &status.to_string()),
+        })
     }
 
     pub async fn start(&self, id: &str, bundle: &Path) -> Result<()> {
@@ -72,7 +94,8 @@ impl Runc {
 
     /// `runc delete --force`: removes the container, killing what is left of it.
     pub async fn delete(&self, id: &str, bundle: &Path) -> Result<()> {
-        self.simple("delete", id, bundle, &["delete", "--force", id]).await
+        self.simple("delete", id, bundle, &["delete", "--force", id])
+            .await
     }
 
     /// The host pids of the container's processes.
@@ -89,16 +112,28 @@ impl Runc {
             .with_path("run", &self.binary)?;
         if !out.status.success() {
             let message = last_error(&log, &String::from_utf8_lossy(&out.stderr));
-            return Err(Error::Runtime { op: "ps", id: id.into(), message });
+            return Err(Error::Runtime {
+                op: "ps",
+                id: id.into(),
+                message,
+            });
         }
         serde_json::from_slice::<Option<Vec<u32>>>(&out.stdout)
             .map(Option::unwrap_or_default)
-            .map_err(|e| Error::Runtime { op: "ps", id: id.into(), message: format!("unreadable output: {e}") })
+            .map_err(|e| Error::Runtime {
+                op: "ps",
+                id: id.into(),
+                message: format!("unreadable output: {e}"),
+            })
     }
 
     async fn simple(&self, op: &'static str, id: &str, bundle: &Path, args: &[&str]) -> Result<()> {
         // A bundle may be gone (delete after a crash); runc's log then goes to the runc root.
-        let log = if bundle.is_dir() { bundle.join("runc-log.json") } else { self.root.join("corral-log.json") };
+        let log = if bundle.is_dir() {
+            bundle.join("runc-log.json")
+        } else {
+            self.root.join("corral-log.json")
+        };
         let out = self
             .command(&log)
             .args(args)
@@ -112,7 +147,11 @@ impl Runc {
             return Ok(());
         }
         let message = last_error(&log, &String::from_utf8_lossy(&out.stderr));
-        Err(Error::Runtime { op, id: id.into(), message })
+        Err(Error::Runtime {
+            op,
+            id: id.into(),
+            message,
+        })
     }
 }
 
@@ -150,8 +189,14 @@ mod tests {
             ),
         )
         .unwrap();
-        assert_eq!(last_error(&log, "exit status 1"), "namespace path: lstat /proc/0/ns/net: no such file or directory");
-        assert_eq!(last_error(&dir.join("none"), " exit status 1\n"), "exit status 1");
+        assert_eq!(
+            last_error(&log, "exit status 1"),
+            "namespace path: lstat /proc/0/ns/net: no such file or directory"
+        );
+        assert_eq!(
+            last_error(&dir.join("none"), " exit status 1\n"),
+            "exit status 1"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

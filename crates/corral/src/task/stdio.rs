@@ -41,12 +41,17 @@ fn open_one(field: &str, uri: &str, dir: Direction) -> Result<Stdio> {
     }
     let path = Path::new(uri.strip_prefix("fifo://").unwrap_or(uri));
     if !path.is_absolute() {
-        return Err(Error::invalid(format!("{field}: {uri:?} is not an absolute path")));
+        return Err(Error::invalid(format!(
+            "{field}: {uri:?} is not an absolute path"
+        )));
     }
     let file = match dir {
         // Read-write keeps the open from blocking before containerd's writer appears.
         Direction::In => OpenOptions::new().read(true).write(true).open(path),
-        Direction::Out => OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(path),
+        Direction::Out => OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path),
     };
     let file = match (file, dir) {
         (Ok(f), Direction::Out) => blocking(f),
@@ -63,7 +68,13 @@ fn open_one(field: &str, uri: &str, dir: Direction) -> Result<Stdio> {
 
 /// The container expects blocking writes.
 fn blocking(file: File) -> std::io::Result<File> {
-    let flags = OFlag::from_bits_truncate(fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), FcntlArg::F_GETFL)?);
-    fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;
+    let flags = OFlag::from_bits_truncate(fcntl(
+        std::os::fd::AsRawFd::as_raw_fd(&file),
+        FcntlArg::F_GETFL,
+    )?);
+    fcntl(
+        std::os::fd::AsRawFd::as_raw_fd(&file),
+        FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK),
+    )?;
     Ok(file)
 }

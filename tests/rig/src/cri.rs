@@ -1,0 +1,291 @@
+//! A CRI client over containerd's unix socket, with the calls and configs kubelet uses.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::*;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+#[derive(Clone)]
+pub struct Cri {
+    pub runtime: RuntimeServiceClient<Channel>,
+    pub images: ImageServiceClient<Channel>,
+}
+
+impl Cri {
+    pub async fn connect(socket: &Path) -> Result<Cri> {
+        let socket = socket.to_path_buf();
+        let channel = Endpoint::try_from("http://[::]:50051")?
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let socket = socket.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(socket).await?,
+                    ))
+                }
+            }))
+            .await?;
+        Ok(Cri {
+            runtime: RuntimeServiceClient::new(channel.clone()),
+            images: ImageServiceClient::new(channel),
+        })
+    }
+
+    /// RuntimeReady and NetworkReady both true.
+    pub async fn ready(&mut self) -> Result<bool> {
+        let status = self
+            .runtime
+            .status(StatusRequest { verbose: false })
+            .await?
+            .into_inner();
+        let conds = status.status.map(|s| s.conditions).unwrap_or_default();
+        Ok(["RuntimeReady", "NetworkReady"]
+            .iter()
+            .all(|t| conds.iter().any(|c| c.r#type == *t && c.status)))
+    }
+
+    pub async fn image_names(&mut self) -> Result<Vec<String>> {
+        let images = self
+            .images
+            .list_images(ListImagesRequest { filter: None })
+            .await?
+            .into_inner()
+            .images;
+        Ok(images.into_iter().flat_map(|i| i.repo_tags).collect())
+    }
+
+    pub async fn run_pod(&mut self, config: &PodSandboxConfig, handler: &str) -> Result<String> {
+        let resp = self
+            .runtime
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: handler.into(),
+            })
+            .await
+            .map_err(|s| anyhow!("RunPodSandbox: {}", s.message()))?;
+        Ok(resp.into_inner().pod_sandbox_id)
+    }
+
+    pub async fn pod_status(&mut self, id: &str) -> Result<PodSandboxStatusResponse> {
+        Ok(self
+            .runtime
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id.into(),
+                verbose: true,
+            })
+            .await
+            .map_err(|s| anyhow!("PodSandboxStatus: {}", s.message()))?
+            .into_inner())
+    }
+
+    pub async fn pod_ready(&mut self, id: &str) -> Result<bool> {
+        let status = self.pod_status(id).await?;
+        Ok(status.status.map(|s| s.state) == Some(PodSandboxState::SandboxReady as i32))
+    }
+
+    /// CreateContainer + StartContainer; returns the container id.
+    pub async fn run_container(
+        &mut self,
+        pod: &str,
+        pod_config: &PodSandboxConfig,
+        config: &ContainerConfig,
+    ) -> Result<String> {
+        let id = self
+            .runtime
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: pod.into(),
+                config: Some(config.clone()),
+                sandbox_config: Some(pod_config.clone()),
+            })
+            .await
+            .map_err(|s| anyhow!("CreateContainer: {}", s.message()))?
+            .into_inner()
+            .container_id;
+        self.runtime
+            .start_container(StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await
+            .map_err(|s| anyhow!("StartContainer: {}", s.message()))?;
+        Ok(id)
+    }
+
+    pub async fn container_status(&mut self, id: &str) -> Result<ContainerStatusResponse> {
+        Ok(self
+            .runtime
+            .container_status(ContainerStatusRequest {
+                container_id: id.into(),
+                verbose: true,
+            })
+            .await
+            .map_err(|s| anyhow!("ContainerStatus: {}", s.message()))?
+            .into_inner())
+    }
+
+    /// The task pid CRI recorded for a container (from its verbose info).
+    pub async fn container_pid(&mut self, id: &str) -> Result<u32> {
+        let status = self.container_status(id).await?;
+        let info = status.info.get("info").context("no verbose info")?;
+        let v: serde_json::Value = serde_json::from_str(info)?;
+        v["pid"]
+            .as_u64()
+            .map(|p| p as u32)
+            .context("no pid in verbose info")
+    }
+
+    /// Waits until the container has exited; returns its exit code.
+    pub async fn wait_exited(&mut self, id: &str, timeout: Duration) -> Result<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = self
+                .container_status(id)
+                .await?
+                .status
+                .context("no status")?;
+            if s.state == ContainerState::ContainerExited as i32 {
+                return Ok(s.exit_code);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "container {id} still in state {} after {timeout:?}",
+                    s.state
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn stop_container(&mut self, id: &str) -> Result<()> {
+        self.runtime
+            .stop_container(StopContainerRequest {
+                container_id: id.into(),
+                timeout: 2,
+            })
+            .await
+            .map_err(|s| anyhow!("StopContainer: {}", s.message()))?;
+        Ok(())
+    }
+
+    pub async fn remove_container(&mut self, id: &str) -> Result<()> {
+        self.runtime
+            .remove_container(RemoveContainerRequest {
+                container_id: id.into(),
+            })
+            .await
+            .map_err(|s| anyhow!("RemoveContainer: {}", s.message()))?;
+        Ok(())
+    }
+
+    pub async fn stop_pod(&mut self, id: &str) -> Result<()> {
+        self.runtime
+            .stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .map_err(|s| anyhow!("StopPodSandbox: {}", s.message()))?;
+        Ok(())
+    }
+
+    pub async fn remove_pod(&mut self, id: &str) -> Result<()> {
+        self.runtime
+            .remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: id.into(),
+            })
+            .await
+            .map_err(|s| anyhow!("RemovePodSandbox: {}", s.message()))?;
+        Ok(())
+    }
+
+    /// StopPodSandbox then RemovePodSandbox, as kubelet does when a pod is deleted.
+    pub async fn stop_and_remove_pod(&mut self, id: &str) -> Result<()> {
+        self.stop_pod(id).await?;
+        self.remove_pod(id).await
+    }
+}
+
+/// A pod config as kubelet sends it: pid mode CONTAINER, net and ipc POD, a log directory.
+pub fn pod_config(name: &str, log_dir: &Path) -> PodSandboxConfig {
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}-{}", std::process::id()),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        hostname: name.into(),
+        log_directory: log_dir.display().to_string(),
+        labels: HashMap::from([("app".to_string(), name.to_string())]),
+        linux: Some(LinuxPodSandboxConfig {
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(NamespaceOption {
+                    network: NamespaceMode::Pod as i32,
+                    pid: NamespaceMode::Container as i32,
+                    ipc: NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A busybox container running `sh -c script`, logging to `<pod log dir>/<name>.log`.
+pub fn container_config(name: &str, script: &str) -> ContainerConfig {
+    ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        }),
+        image: Some(ImageSpec {
+            image: crate::BUSYBOX.into(),
+            ..Default::default()
+        }),
+        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        log_path: format!("{name}.log"),
+        linux: Some(LinuxContainerConfig {
+            security_context: Some(LinuxContainerSecurityContext {
+                namespace_options: Some(NamespaceOption {
+                    network: NamespaceMode::Pod as i32,
+                    pid: NamespaceMode::Container as i32,
+                    ipc: NamespaceMode::Pod as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Waits until `path` contains `needle`; returns the file's text.
+pub async fn wait_for_text(path: &Path, needle: &str, timeout: Duration) -> Result<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(needle) {
+            return Ok(text);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} does not contain {needle:?} after {timeout:?}; it has: {text:?}",
+                path.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A fresh per-test log directory for pods.
+pub fn log_dir(rig_dir: &Path, pod: &str) -> PathBuf {
+    let dir = rig_dir.join("logs").join(pod);
+    std::fs::create_dir_all(&dir).expect("create log dir");
+    dir
+}

@@ -1,0 +1,312 @@
+//! corral's test rig: a private containerd 2.1 instance (own root, state, socket, CNI bridge,
+//! NRI off) with two CRI runtime handlers, `corral` (sandboxer = shim) and `runc` (containerd's
+//! default pause sandbox), driven through CRI like kubelet. Used by the e2e tests, the demo and
+//! the benchmark.
+//!
+//! - [`Rig`]: start / stop containerd, import the locally built busybox image.
+//! - [`cri`]: a CRI client over the unix socket, and kubelet-like config builders.
+//! - [`probe`]: facts read from /proc and the mount table, never from corral's own answers.
+
+pub mod cri;
+pub mod probe;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+pub use cri::Cri;
+
+/// The image every test container runs.
+pub const BUSYBOX: &str = "docker.io/corral/busybox:test";
+/// containerd 2.1's pinned sandbox image, needed by the `runc` handler only.
+pub const PAUSE: &str = "registry.k8s.io/pause:3.10";
+
+/// The workspace root (this crate lives in tests/rig).
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root")
+}
+
+/// Directory holding `containerd-shim-corral-v2`: `CORRAL_SHIM_DIR`, else target/debug.
+pub fn shim_dir() -> PathBuf {
+    std::env::var_os("CORRAL_SHIM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/debug"))
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Also import the busybox image under the pause image's name (for the runc handler).
+    pub pause_image: bool,
+    /// containerd log level (`CORRAL_RIG_LOG` overrides; default info).
+    pub log_level: Option<String>,
+}
+
+/// A running private containerd.
+pub struct Rig {
+    pub name: String,
+    pub dir: PathBuf,
+    pub root: PathBuf,
+    pub state: PathBuf,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+    child: Option<Child>,
+    options: Options,
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+impl Rig {
+    /// Starts a fresh instance with a unique name and waits until CRI is ready.
+    pub async fn start(options: Options) -> Result<Rig> {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let name = format!("r{}-{n}", std::process::id() % 100_000);
+        let dir = PathBuf::from("/var/lib/corral-rig").join(&name);
+        let state = PathBuf::from("/run/corral-rig").join(&name);
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&state);
+        std::fs::create_dir_all(dir.join("cni"))?;
+        std::fs::create_dir_all(&state)?;
+        let mut rig = Rig {
+            root: dir.join("root"),
+            socket: state.join("c.sock"),
+            log: dir.join("containerd.log"),
+            state: state.join("state"),
+            name,
+            dir,
+            child: None,
+            options,
+        };
+        rig.write_config(n)?;
+        rig.spawn()?;
+        rig.wait_ready().await?;
+        rig.import_images()?;
+        Ok(rig)
+    }
+
+    fn write_config(&self, n: u32) -> Result<()> {
+        let level = std::env::var("CORRAL_RIG_LOG")
+            .ok()
+            .or_else(|| self.options.log_level.clone())
+            .unwrap_or_else(|| "info".into());
+        let config = format!(
+            r#"version = 3
+root = "{root}"
+state = "{state}"
+disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.blockfile", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{sock}"
+
+[ttrpc]
+  address = "{sock}.ttrpc"
+
+[debug]
+  level = "{level}"
+
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "{pause}"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = ["/usr/lib/cni"]
+  conf_dir = "{cni}"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = "runc"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral]
+  runtime_type = "io.containerd.corral.v2"
+  sandboxer = "shim"
+"#,
+            root = self.root.display(),
+            state = self.state.display(),
+            sock = self.socket.display(),
+            pause = PAUSE,
+            cni = self.dir.join("cni").display(),
+        );
+        std::fs::write(self.dir.join("config.toml"), config)?;
+        // A bridge on a private subnet that exists only on this machine.
+        let subnet = 20 + (std::process::id() + n * 7) % 200;
+        let cni = format!(
+            r#"{{"cniVersion":"1.0.0","name":"corral-{name}","plugins":[{{"type":"bridge","bridge":"crl{name_short}","isGateway":true,"ipMasq":false,"ipam":{{"type":"host-local","ranges":[[{{"subnet":"10.233.{subnet}.0/24"}}]],"dataDir":"{ipam}"}}}}]}}"#,
+            name = self.name,
+            name_short = &self.name[..self.name.len().min(12)].replace('-', ""),
+            ipam = self.dir.join("ipam").display(),
+        );
+        std::fs::write(self.dir.join("cni/10-corral.conflist"), cni)?;
+        Ok(())
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let log = std::fs::File::create(&self.log)?;
+        let path = format!(
+            "{}:{}",
+            shim_dir().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(self.dir.join("config.toml"))
+            .env("PATH", path)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawn containerd (is it installed? scripts/install-deps.sh)")?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!(
+                    "containerd exited early ({status}); log: {}",
+                    self.log_tail(30)
+                );
+            }
+            if self.socket.exists() {
+                if let Ok(mut cri) = Cri::connect(&self.socket).await {
+                    if cri.ready().await.unwrap_or(false) {
+                        return Ok(());
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "containerd not ready after 30 s; log: {}",
+                    self.log_tail(30)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn import_images(&self) -> Result<()> {
+        let tar = workspace().join("target/corral-rig/busybox-oci.tar");
+        if !tar.exists() {
+            let status = Command::new("bash")
+                .arg(workspace().join("scripts/build-image.sh"))
+                .arg(&tar)
+                .arg(BUSYBOX)
+                .status()?;
+            if !status.success() {
+                bail!("building the busybox image failed");
+            }
+        }
+        self.ctr(&["images", "import", &tar.display().to_string()])?;
+        if self.options.pause_image {
+            self.ctr(&["images", "tag", BUSYBOX, PAUSE])?;
+        }
+        Ok(())
+    }
+
+    /// Runs `ctr` against this instance in namespace k8s.io; returns stdout.
+    pub fn ctr(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(&self.socket)
+            .args(["-n", "k8s.io"])
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            bail!("ctr {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub async fn cri(&self) -> Result<Cri> {
+        Cri::connect(&self.socket).await
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// The containerd process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills containerd with `signal` and starts it again on the same directories.
+    pub async fn restart(&mut self, signal: nix::sys::signal::Signal) -> Result<()> {
+        self.stop_daemon(signal);
+        self.spawn()?;
+        self.wait_ready().await
+    }
+
+    fn stop_daemon(&mut self, signal: nix::sys::signal::Signal) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Rig {
+    /// Stops containerd and removes whatever the tests left behind, so the next run starts clean.
+    /// (Tests assert the absence of leaks *before* this runs.)
+    fn drop(&mut self) {
+        self.stop_daemon(nix::sys::signal::Signal::SIGTERM);
+        let marker = self.socket.display().to_string();
+        for pid in probe::pids_with_cmdline(&marker) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        for m in probe::mounts_under(&[&self.dir, self.state.parent().unwrap_or(&self.state)])
+            .into_iter()
+            .rev()
+        {
+            let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
+        }
+        if std::env::var_os("CORRAL_RIG_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            let _ = std::fs::remove_dir_all(self.state.parent().unwrap_or(&self.state));
+        }
+    }
+}
+
+/// Polls `check` until it returns `None` or `timeout` passes; returns the last complaint.
+/// For facts that settle shortly after an RPC returns (a process finishing its exit).
+pub async fn eventually<F: FnMut() -> Option<String>>(
+    timeout: Duration,
+    mut check: F,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check() {
+            None => return Ok(()),
+            Some(why) if Instant::now() > deadline => bail!("after {timeout:?}: {why}"),
+            Some(_) => tokio::time::sleep(Duration::from_millis(25)).await,
+        }
+    }
+}

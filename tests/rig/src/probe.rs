@@ -1,0 +1,83 @@
+//! Facts read from the system itself: /proc, the mount table, runc's state. Tests assert on these,
+//! not on what corral says about itself.
+
+use std::path::Path;
+
+/// The inode of `/proc/<pid>/ns/<kind>` (e.g. "net:[4026532]").
+pub fn ns(pid: u32, kind: &str) -> std::io::Result<String> {
+    std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).map(|p| p.display().to_string())
+}
+
+/// The argv of a process, or empty.
+pub fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect()
+}
+
+pub fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Processes whose command line contains `needle` (as a whole argument or inside one).
+pub fn pids_with_cmdline(needle: &str) -> Vec<i32> {
+    all_pids()
+        .into_iter()
+        .filter(|pid| cmdline(*pid).iter().any(|a| a.contains(needle)))
+        .map(|p| p as i32)
+        .collect()
+}
+
+/// Processes whose cgroup path mentions `id` (a container's processes, found by the kernel's
+/// own accounting).
+pub fn pids_in_cgroup_of(id: &str) -> Vec<u32> {
+    all_pids()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(id))
+        })
+        .collect()
+}
+
+/// Mount points below any of `dirs`, in mount-table order.
+pub fn mounts_under(dirs: &[&Path]) -> Vec<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|mp| dirs.iter().any(|d| Path::new(mp).starts_with(d)))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Mount points whose path contains `needle`.
+pub fn mounts_containing(needle: &str) -> Vec<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|mp| mp.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Container ids runc knows in corral's runc root for namespace k8s.io.
+pub fn corral_runc_containers() -> Vec<String> {
+    let out = std::process::Command::new("runc")
+        .args(["--root", "/run/corral/runc/k8s.io", "list", "-q"])
+        .output();
+    match out {
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
