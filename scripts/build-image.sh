@@ -42,5 +42,5 @@ printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.
   "$manifest_d" "$manifest_s" "$name" "${name##*:}" >"$work/layout/index.json"
 echo '{"imageLayoutVersion":"1.0.0"}' >"$work/layout/oci-layout"
 mkdir -p "$(dirname "$out")"
-tar -C "$work/layout" -cf "$out.tmp" . && mv "$out.tmp" "$out"
+tar -C "$work/layout" -cf "$out.tmp.$$" . && mv "$out.tmp.$$" "$out"
 echo "build-image: $out ($name)" >&2

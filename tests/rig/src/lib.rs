@@ -200,6 +200,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
     fn import_images(&self) -> Result<()> {
         let tar = workspace().join("target/corral-rig/busybox-oci.tar");
+        // Tests run in parallel threads: one of them builds the image, the others wait.
+        static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
         if !tar.exists() {
             let status = Command::new("bash")
                 .arg(workspace().join("scripts/build-image.sh"))
