@@ -127,7 +127,17 @@ async fn a_pod_with_two_containers_shares_the_pod_namespaces_and_leaves_nothing(
         "the corral shim runs with the sandbox id"
     );
 
-    cri.stop_and_remove_pod(&pod).await?;
+    let shim = *shims.first().context("shim")?;
+    let socket = probe::cmdline(shim as u32)
+        .windows(2)
+        .find(|w| w[0] == "-socket")
+        .map(|w| w[1].clone())
+        .context("-socket argument")?;
+
+    cri.stop_pod(&pod).await?;
+    assert!(!cri.pod_ready(&pod).await?, "NOTREADY after StopPodSandbox");
+    assert!(holder_pid(&pod).is_none(), "StopPodSandbox ends the holder");
+    cri.remove_pod(&pod).await?;
 
     assert!(holder_pid(&pod).is_none(), "holder gone");
     eventually(Duration::from_secs(3), || {
@@ -155,6 +165,10 @@ async fn a_pod_with_two_containers_shares_the_pod_namespaces_and_leaves_nothing(
         probe::mounts_containing(&pod).is_empty(),
         "pins or shm left: {:?}",
         probe::mounts_containing(&pod)
+    );
+    assert!(
+        !std::path::Path::new(&socket).exists(),
+        "socket {socket} left"
     );
     let runc = probe::corral_runc_containers();
     assert!(

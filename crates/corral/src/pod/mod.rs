@@ -44,12 +44,20 @@ pub struct Pod {
     state: watch::Sender<PodState>,
     pub containers: Mutex<HashMap<String, Arc<Container>>>,
     runc: Runc,
+    /// The server's socket, recorded for `delete`.
+    socket: Option<PathBuf>,
 }
 
 impl Pod {
     /// Builds the pod: files, shm, holder, pins, record. Blocking (spawns and waits for the
     /// holder); on failure releases everything it made.
-    pub fn create(id: &str, bundle: PathBuf, spec: PodSpec, runc: Runc) -> Result<Pod> {
+    pub fn create(
+        id: &str,
+        bundle: PathBuf,
+        spec: PodSpec,
+        runc: Runc,
+        socket: Option<PathBuf>,
+    ) -> Result<Pod> {
         let paths = PodPaths::new(bundle);
         match Self::build(id, &paths, &spec) {
             Ok((holder, pins)) => {
@@ -63,6 +71,7 @@ impl Pod {
                     state: watch::channel(PodState::Created).0,
                     containers: Mutex::new(HashMap::new()),
                     runc,
+                    socket,
                 };
                 if let Err(e) = pod.save_record() {
                     let _ = pod.holder.pidfd.signal(Signal::SIGKILL);
@@ -221,6 +230,7 @@ impl Pod {
         Record {
             sandbox_id: self.id.clone(),
             server_pid: std::process::id() as i32,
+            socket: self.socket.clone(),
             holder_pid: self.holder.pid,
             runc_binary: self.runc.binary.clone(),
             runc_root: self.runc.root.clone(),

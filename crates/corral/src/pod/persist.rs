@@ -11,6 +11,9 @@ use crate::error::{IoContext, Result};
 pub struct Record {
     pub sandbox_id: String,
     pub server_pid: i32,
+    /// The server's socket, removed by `delete` if the server could not.
+    #[serde(default)]
+    pub socket: Option<PathBuf>,
     pub holder_pid: i32,
     pub runc_binary: PathBuf,
     pub runc_root: PathBuf,
@@ -45,6 +48,7 @@ mod tests {
         let rec = Record {
             sandbox_id: "sb".into(),
             server_pid: 1,
+            socket: Some("/run/corral/s/x".into()),
             holder_pid: 2,
             runc_binary: "runc".into(),
             runc_root: "/run/corral/runc/k8s.io".into(),

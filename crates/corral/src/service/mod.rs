@@ -19,6 +19,8 @@ use crate::task::runc::Runc;
 pub struct Shim {
     pub namespace: String,
     pub runc: Runc,
+    /// This server's socket (recorded so `delete` can remove it after a crash).
+    pub socket: Option<std::path::PathBuf>,
     pub pods: Mutex<HashMap<String, Arc<Pod>>>,
     pub events: Publisher,
     /// Notified when the server should exit (after ShutdownSandbox replied).
@@ -26,10 +28,16 @@ pub struct Shim {
 }
 
 impl Shim {
-    pub fn new(namespace: String, runc: Runc, events: Publisher) -> Arc<Shim> {
+    pub fn new(
+        namespace: String,
+        runc: Runc,
+        socket: Option<std::path::PathBuf>,
+        events: Publisher,
+    ) -> Arc<Shim> {
         Arc::new(Shim {
             namespace,
             runc,
+            socket,
             pods: Mutex::new(HashMap::new()),
             events,
             exit: Arc::new(Notify::new()),

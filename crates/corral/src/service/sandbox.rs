@@ -43,7 +43,8 @@ impl SandboxService {
         )?;
         let id = req.sandbox_id.clone();
         let runc = self.shim.runc.clone();
-        let pod = tokio::task::spawn_blocking(move || Pod::create(&id, bundle, spec, runc))
+        let socket = self.shim.socket.clone();
+        let pod = tokio::task::spawn_blocking(move || Pod::create(&id, bundle, spec, runc, socket))
             .await
             .map_err(|e| Error::Holder {
                 step: "create pod".into(),

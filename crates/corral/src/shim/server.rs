@@ -58,7 +58,7 @@ async fn serve(args: &Args) -> Result<()> {
     let events = Publisher::spawn(std::env::var("TTRPC_ADDRESS").ok(), args.namespace.clone());
     let runc = Runc::new(runc_binary(), &args.namespace);
     std::fs::create_dir_all(&runc.root).with_path("create runc root", &runc.root)?;
-    let shim = Shim::new(args.namespace.clone(), runc, events);
+    let shim = Shim::new(args.namespace.clone(), runc, args.socket.clone(), events);
 
     let tasks = Arc::new(TaskService { shim: shim.clone() });
     let mut services = create_task(tasks.clone());

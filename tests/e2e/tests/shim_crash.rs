@@ -1,0 +1,76 @@
+//! A pod's shim dies (SIGKILL): containerd notices, runs `delete`, and corral's `delete` releases
+//! the pod from its record with no server alive: holder, containers, mounts, pins, socket.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use corral_rig::cri::{container_config, log_dir, pod_config};
+use corral_rig::{eventually, probe, Options, Rig};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_shim_is_cleaned_up_by_delete_and_the_pod_goes_notready() -> Result<()> {
+    let rig = Rig::start(Options::default()).await?;
+    let mut cri = rig.cri().await?;
+    let cfg = pod_config("crash", &log_dir(&rig.dir, "crash"));
+    let pod = cri.run_pod(&cfg, "corral").await?;
+    let c = cri
+        .run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
+        .await?;
+    let init = cri.container_pid(&c).await?;
+    let of_pod = |role: &str| -> Vec<i32> {
+        probe::pids_with_cmdline(&pod)
+            .into_iter()
+            .filter(|p| probe::cmdline(*p as u32).iter().any(|a| a == role))
+            .collect()
+    };
+    let shim = *of_pod("serve").first().context("shim server")?;
+    let socket = probe::cmdline(shim as u32)
+        .windows(2)
+        .find(|w| w[0] == "-socket")
+        .map(|w| w[1].clone())
+        .context("-socket argument")?;
+    assert!(!of_pod("holder").is_empty());
+
+    kill(Pid::from_raw(shim), Signal::SIGKILL)?;
+
+    // CRI learns it through the broken WaitSandbox and reports the pod NOTREADY.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    // (Right after the crash PodSandboxStatus may fail once: the connection is closing.)
+    while cri.pod_ready(&pod).await.unwrap_or(true) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pod still READY 5 s after its shim died"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // containerd's `delete` killed the holder and the container, and removed the socket.
+    eventually(Duration::from_secs(5), || {
+        let holder = of_pod("holder");
+        let alive = std::path::Path::new(&format!("/proc/{init}")).exists();
+        (!holder.is_empty() || alive || std::path::Path::new(&socket).exists())
+            .then(|| format!("holder {holder:?}, container alive {alive}, socket exists"))
+    })
+    .await?;
+    assert!(
+        probe::mounts_containing(&pod).is_empty(),
+        "pins or shm left: {:?}",
+        probe::mounts_containing(&pod)
+    );
+    assert!(
+        !probe::corral_runc_containers().contains(&c),
+        "runc container left"
+    );
+
+    // kubelet then stops and removes the pod: both succeed.
+    cri.stop_container(&c).await?;
+    cri.remove_container(&c).await?;
+    cri.stop_and_remove_pod(&pod).await?;
+    let left = probe::mounts_under(&[&rig.state, &rig.root]);
+    assert!(
+        left.is_empty(),
+        "mounts left under containerd's dirs: {left:?}"
+    );
+    Ok(())
+}
