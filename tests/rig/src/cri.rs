@@ -160,6 +160,25 @@ impl Cri {
         }
     }
 
+    /// ExecSync: (exit code, stdout, stderr).
+    pub async fn exec_sync(&mut self, id: &str, cmd: &[&str]) -> Result<(i32, String, String)> {
+        let resp = self
+            .runtime
+            .exec_sync(ExecSyncRequest {
+                container_id: id.into(),
+                cmd: cmd.iter().map(|s| s.to_string()).collect(),
+                timeout: 10,
+            })
+            .await
+            .map_err(|s| anyhow!("ExecSync {cmd:?}: {}", s.message()))?
+            .into_inner();
+        Ok((
+            resp.exit_code,
+            String::from_utf8_lossy(&resp.stdout).into_owned(),
+            String::from_utf8_lossy(&resp.stderr).into_owned(),
+        ))
+    }
+
     pub async fn stop_container(&mut self, id: &str) -> Result<()> {
         self.runtime
             .stop_container(StopContainerRequest {

@@ -4,7 +4,9 @@
 
 use std::time::SystemTime;
 
-use containerd_shim_protos::events::task::{TaskCreate, TaskDelete, TaskExit, TaskStart};
+use containerd_shim_protos::events::task::{
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskStart,
+};
 use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
 use containerd_shim_protos::protobuf::{Message, MessageField};
@@ -56,9 +58,33 @@ impl Event {
             payload: any("containerd.events.TaskStart", &msg),
         }
     }
-    pub fn exit(id: &str, pid: u32, status: u32, at: SystemTime) -> Event {
+    pub fn exec_added(container_id: &str, exec_id: &str) -> Event {
+        let msg = TaskExecAdded {
+            container_id: container_id.into(),
+            exec_id: exec_id.into(),
+            ..Default::default()
+        };
+        Event {
+            topic: "/tasks/exec-added",
+            payload: any("containerd.events.TaskExecAdded", &msg),
+        }
+    }
+    pub fn exec_started(container_id: &str, exec_id: &str, pid: u32) -> Event {
+        let msg = TaskExecStarted {
+            container_id: container_id.into(),
+            exec_id: exec_id.into(),
+            pid,
+            ..Default::default()
+        };
+        Event {
+            topic: "/tasks/exec-started",
+            payload: any("containerd.events.TaskExecStarted", &msg),
+        }
+    }
+    /// `id` is the exec id, or the container id for its init.
+    pub fn exit(container_id: &str, id: &str, pid: u32, status: u32, at: SystemTime) -> Event {
         let msg = TaskExit {
-            container_id: id.into(),
+            container_id: container_id.into(),
             id: id.into(),
             pid,
             exit_status: status,

@@ -243,14 +243,14 @@ impl Pod {
     pub async fn stop(&self) -> Result<ExitInfo> {
         let containers: Vec<_> = self.containers.lock().unwrap().values().cloned().collect();
         for c in &containers {
-            if c.exit().is_none() {
-                if let Err(e) = c.kill(&self.runc, Signal::SIGKILL as u32, true).await {
+            if c.init.exit().is_none() {
+                if let Err(e) = c.kill(&self.runc, "", Signal::SIGKILL as u32, true).await {
                     warn!(sandbox = %self.id, container = %c.id, error = %e, "kill on pod stop");
                 }
             }
         }
         for c in &containers {
-            if tokio::time::timeout(Duration::from_secs(10), c.wait())
+            if tokio::time::timeout(Duration::from_secs(10), c.init.wait())
                 .await
                 .is_err()
             {

@@ -16,23 +16,27 @@ use ttrpc::r#async::TtrpcContext;
 
 use super::{traced, Shim};
 use crate::error::{Error, Result};
-use crate::events::{timestamp, Event};
+use crate::events::{timestamp, Event, Publisher};
 use crate::pod::{Pod, PodState};
-use crate::task::{Container, Status};
+use crate::task::{Container, Process, Status};
 
 pub struct TaskService {
     pub shim: Arc<Shim>,
 }
 
-/// Exec processes are not supported yet; everything addresses a container's init.
-fn no_exec(exec_id: &str) -> Result<()> {
-    if exec_id.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::not_found(format!(
-            "exec {exec_id}: not found (exec is not supported yet)"
-        )))
-    }
+/// Publishes the process's exit once it happens.
+fn watch_exit(events: Publisher, container_id: String, process: Arc<Process>) {
+    tokio::spawn(async move {
+        let exit = process.watch_exit().await;
+        tracing::debug!(container = %container_id, process = %process.id, status = exit.status, "process exited");
+        events.publish(Event::exit(
+            &container_id,
+            &process.id,
+            process.pid(),
+            exit.status,
+            exit.at,
+        ));
+    });
 }
 
 impl TaskService {
@@ -86,33 +90,58 @@ impl TaskService {
             let _ = c.force_delete(&self.shim.runc).await;
             return Err(e);
         }
-        let events = self.shim.events.clone();
-        let watched = c.clone();
-        tokio::spawn(async move {
-            let exit = watched.watch_exit().await;
-            tracing::debug!(container = %watched.id, status = exit.status, "container exited");
-            events.publish(Event::exit(&watched.id, watched.pid, exit.status, exit.at));
-        });
+        watch_exit(self.shim.events.clone(), c.id.clone(), c.init.clone());
+        let pid = c.init.pid();
         self.shim
             .events
-            .publish(Event::create(&c.id, &req.bundle, c.pid));
-        tracing::info!(sandbox = %pod.id, container = %c.id, pid = c.pid, "container created");
+            .publish(Event::create(&c.id, &req.bundle, pid));
+        tracing::info!(sandbox = %pod.id, container = %c.id, pid, "container created");
         Ok(CreateTaskResponse {
-            pid: c.pid,
+            pid,
+            ..Default::default()
+        })
+    }
+
+    async fn start(&self, req: &StartRequest) -> Result<StartResponse> {
+        let (_, c) = self.container(&req.id)?;
+        let pid = if req.exec_id.is_empty() {
+            c.start(&self.shim.runc).await?;
+            self.shim.events.publish(Event::start(&c.id, c.init.pid()));
+            c.init.pid()
+        } else {
+            let process = c.start_exec(&self.shim.runc, &req.exec_id).await?;
+            watch_exit(self.shim.events.clone(), c.id.clone(), process.clone());
+            self.shim
+                .events
+                .publish(Event::exec_started(&c.id, &req.exec_id, process.pid()));
+            process.pid()
+        };
+        Ok(StartResponse {
+            pid,
             ..Default::default()
         })
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
-        no_exec(&req.exec_id)?;
         let (pod, c) = self.container(&req.id)?;
+        if !req.exec_id.is_empty() {
+            let pid = c.process(&req.exec_id)?.pid();
+            let exit = c.delete_exec(&req.exec_id)?;
+            return Ok(DeleteResponse {
+                pid,
+                exit_status: exit.status,
+                exited_at: timestamp(exit.at),
+                ..Default::default()
+            });
+        }
         let exit = c.delete(&self.shim.runc).await?;
         pod.remove_container(&c.id)?;
+        let pid = c.init.pid();
         self.shim
             .events
-            .publish(Event::delete(&c.id, c.pid, exit.status, exit.at));
+            .publish(Event::delete(&c.id, pid, exit.status, exit.at));
         Ok(DeleteResponse {
-            pid: c.pid,
+            pid,
             exit_status: exit.status,
             exited_at: timestamp(exit.at),
             ..Default::default()
@@ -120,35 +149,78 @@ impl TaskService {
     }
 
     fn state(&self, req: &StateRequest) -> Result<StateResponse> {
-        no_exec(&req.exec_id)?;
         let (_, c) = self.container(&req.id)?;
-        let exit = c.exit();
-        let status = match (c.status(), exit) {
+        let p = c.process(&req.exec_id)?;
+        let exit = p.exit();
+        let status = match (p.status(), exit) {
             (_, Some(_)) | (Status::Stopped, _) => ApiStatus::STOPPED,
             (Status::Created, None) => ApiStatus::CREATED,
             (Status::Running, None) => ApiStatus::RUNNING,
         };
         Ok(StateResponse {
-            id: c.id.clone(),
+            id: p.id.clone(),
+            exec_id: req.exec_id.clone(),
             bundle: c.bundle.display().to_string(),
-            pid: c.pid,
+            pid: p.pid(),
             status: status.into(),
-            stdin: c.stdin.clone(),
-            stdout: c.stdout.clone(),
-            stderr: c.stderr.clone(),
-            terminal: c.terminal,
+            stdin: p.stdio.stdin.clone(),
+            stdout: p.stdio.stdout.clone(),
+            stderr: p.stdio.stderr.clone(),
+            terminal: p.stdio.terminal,
             exit_status: exit.map_or(0, |e| e.status),
             exited_at: exit.map_or_else(Default::default, |e| timestamp(e.at)),
             ..Default::default()
         })
+    }
+
+    async fn pids(&self, req: &PidsRequest) -> Result<PidsResponse> {
+        // The sandbox id has no task: an empty list lets containerd reap an orphaned sandbox
+        // after a restart (a live one is kept through its sandbox record).
+        if self.shim.pods.lock().unwrap().contains_key(&req.id) {
+            return Ok(PidsResponse::default());
+        }
+        let (_, c) = self.container(&req.id)?;
+        let pids = match c.init.exit() {
+            Some(_) => Vec::new(),
+            None => self.shim.runc.ps(&c.id).await?,
+        };
+        let processes = pids
+            .into_iter()
+            .map(|pid| ProcessInfo {
+                pid,
+                ..Default::default()
+            })
+            .collect();
+        Ok(PidsResponse {
+            processes,
+            ..Default::default()
+        })
+    }
+
+    async fn shutdown(&self, req: &ShutdownRequest) -> Result<()> {
+        // Shutdown for the sandbox id comes only when containerd reaps an orphaned sandbox after a
+        // restart: tear it down. For a container id it is a no-op while pods live.
+        let orphan = self.shim.pods.lock().unwrap().get(&req.id).cloned();
+        match orphan {
+            Some(pod) => self.shim.shutdown_pod(pod).await?,
+            None if self.shim.pods.lock().unwrap().is_empty() => self.shim.exit.notify_one(),
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// For the RPCs corral does not implement yet: NotFound for an unknown id, else a precise
+    /// Unimplemented.
+    fn unimplemented<T>(&self, id: &str, what: &str) -> Result<T> {
+        self.container(id)?;
+        Err(Error::Unimplemented(format!("{what}: not implemented yet")))
     }
 }
 
 #[async_trait]
 impl Task for TaskService {
     async fn state(&self, _: &TtrpcContext, req: StateRequest) -> ttrpc::Result<StateResponse> {
-        let id = req.id.clone();
-        traced("State", &id, async { self.state(&req) }).await
+        traced("State", &req.id, async { self.state(&req) }).await
     }
 
     async fn create(
@@ -161,17 +233,7 @@ impl Task for TaskService {
     }
 
     async fn start(&self, _: &TtrpcContext, req: StartRequest) -> ttrpc::Result<StartResponse> {
-        traced("Start", &req.id, async {
-            no_exec(&req.exec_id)?;
-            let (_, c) = self.container(&req.id)?;
-            c.start(&self.shim.runc).await?;
-            self.shim.events.publish(Event::start(&c.id, c.pid));
-            Ok(StartResponse {
-                pid: c.pid,
-                ..Default::default()
-            })
-        })
-        .await
+        traced("Start", &req.id, self.start(&req)).await
     }
 
     async fn delete(&self, _: &TtrpcContext, req: DeleteRequest) -> ttrpc::Result<DeleteResponse> {
@@ -180,44 +242,19 @@ impl Task for TaskService {
     }
 
     async fn pids(&self, _: &TtrpcContext, req: PidsRequest) -> ttrpc::Result<PidsResponse> {
-        traced("Pids", &req.id, async {
-            // The sandbox id has no task: an empty list lets containerd reap an orphaned sandbox
-            // after a restart (a live one is kept through its sandbox record).
-            if self.shim.pods.lock().unwrap().contains_key(&req.id) {
-                return Ok(PidsResponse::default());
-            }
-            let (_, c) = self.container(&req.id)?;
-            let pids = match c.exit() {
-                Some(_) => Vec::new(),
-                None => self.shim.runc.ps(&c.id, &c.bundle).await?,
-            };
-            let processes = pids
-                .into_iter()
-                .map(|pid| ProcessInfo {
-                    pid,
-                    ..Default::default()
-                })
-                .collect();
-            Ok(PidsResponse {
-                processes,
-                ..Default::default()
-            })
-        })
-        .await
+        traced("Pids", &req.id, self.pids(&req)).await
     }
 
     async fn pause(&self, _: &TtrpcContext, req: PauseRequest) -> ttrpc::Result<Empty> {
         traced("Pause", &req.id, async {
-            self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented("Pause: not implemented yet".into()))
+            self.unimplemented(&req.id, "Pause")
         })
         .await
     }
 
     async fn resume(&self, _: &TtrpcContext, req: ResumeRequest) -> ttrpc::Result<Empty> {
         traced("Resume", &req.id, async {
-            self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented("Resume: not implemented yet".into()))
+            self.unimplemented(&req.id, "Resume")
         })
         .await
     }
@@ -238,9 +275,9 @@ impl Task for TaskService {
 
     async fn kill(&self, _: &TtrpcContext, req: KillRequest) -> ttrpc::Result<Empty> {
         traced("Kill", &req.id, async {
-            no_exec(&req.exec_id)?;
             let (_, c) = self.container(&req.id)?;
-            c.kill(&self.shim.runc, req.signal, req.all).await?;
+            c.kill(&self.shim.runc, &req.exec_id, req.signal, req.all)
+                .await?;
             Ok(Empty::new())
         })
         .await
@@ -248,50 +285,41 @@ impl Task for TaskService {
 
     async fn exec(&self, _: &TtrpcContext, req: ExecProcessRequest) -> ttrpc::Result<Empty> {
         traced("Exec", &req.id, async {
-            self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented(format!(
-                "Exec {}: exec is not implemented yet",
-                req.exec_id
-            )))
+            let (_, c) = self.container(&req.id)?;
+            c.add_exec(&req)?;
+            self.shim
+                .events
+                .publish(Event::exec_added(&c.id, &req.exec_id));
+            Ok(Empty::new())
         })
         .await
     }
 
     async fn resize_pty(&self, _: &TtrpcContext, req: ResizePtyRequest) -> ttrpc::Result<Empty> {
         traced("ResizePty", &req.id, async {
-            self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented(
-                "ResizePty: tty is not implemented yet".into(),
-            ))
+            self.unimplemented(&req.id, "ResizePty (tty)")
         })
         .await
     }
 
     async fn close_io(&self, _: &TtrpcContext, req: CloseIORequest) -> ttrpc::Result<Empty> {
         traced("CloseIO", &req.id, async {
-            self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented(
-                "CloseIO: stdin closing is not implemented yet".into(),
-            ))
+            self.unimplemented(&req.id, "CloseIO")
         })
         .await
     }
 
     async fn update(&self, _: &TtrpcContext, req: UpdateTaskRequest) -> ttrpc::Result<Empty> {
         traced("Update", &req.id, async {
-            self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented(
-                "Update: resource updates are not implemented yet".into(),
-            ))
+            self.unimplemented(&req.id, "Update")
         })
         .await
     }
 
     async fn wait(&self, _: &TtrpcContext, req: WaitRequest) -> ttrpc::Result<WaitResponse> {
         traced("Wait", &req.id, async {
-            no_exec(&req.exec_id)?;
             let (_, c) = self.container(&req.id)?;
-            let exit = c.wait().await;
+            let exit = c.process(&req.exec_id)?.wait().await;
             Ok(WaitResponse {
                 exit_status: exit.status,
                 exited_at: timestamp(exit.at),
@@ -303,10 +331,7 @@ impl Task for TaskService {
 
     async fn stats(&self, _: &TtrpcContext, req: StatsRequest) -> ttrpc::Result<StatsResponse> {
         traced("Stats", &req.id, async {
-            self.container(&req.id)?;
-            Err::<StatsResponse, _>(Error::Unimplemented(
-                "Stats: cgroup metrics are not implemented yet".into(),
-            ))
+            self.unimplemented(&req.id, "Stats (cgroup metrics)")
         })
         .await
     }
@@ -319,7 +344,10 @@ impl Task for TaskService {
         traced("Connect", &req.id, async {
             let task_pid = match self.shim.pod(&req.id) {
                 Ok(pod) => pod.holder_pid() as u32,
-                Err(_) => self.container(&req.id).map(|(_, c)| c.pid).unwrap_or(0),
+                Err(_) => self
+                    .container(&req.id)
+                    .map(|(_, c)| c.init.pid())
+                    .unwrap_or(0),
             };
             Ok(ConnectResponse {
                 shim_pid: std::process::id(),
@@ -332,14 +360,7 @@ impl Task for TaskService {
 
     async fn shutdown(&self, _: &TtrpcContext, req: ShutdownRequest) -> ttrpc::Result<Empty> {
         traced("Shutdown", &req.id, async {
-            // Shutdown for the sandbox id comes only when containerd reaps an orphaned sandbox
-            // after a restart: tear it down. For a container id it is a no-op while pods live.
-            let orphan = self.shim.pods.lock().unwrap().get(&req.id).cloned();
-            match orphan {
-                Some(pod) => self.shim.shutdown_pod(pod).await?,
-                None if self.shim.pods.lock().unwrap().is_empty() => self.shim.exit.notify_one(),
-                None => {}
-            }
+            self.shutdown(&req).await?;
             Ok(Empty::new())
         })
         .await

@@ -89,7 +89,7 @@ async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
 }
 
 async fn release_container(runc: &Runc, id: &str, bundle: &Path) {
-    if let Err(e) = runc.delete(id, bundle).await {
+    if let Err(e) = runc.delete(id).await {
         if !is_not_exist(&e) {
             tracing::warn!(container = id, error = %e, "delete: runc delete");
         }

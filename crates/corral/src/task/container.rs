@@ -1,48 +1,36 @@
-//! A container of the pod: its bundle, init process, lifecycle and exit.
+//! A container of the pod: its bundle, its init process and its exec processes.
 //!
-//! Lifecycle: Created (runc create done) -> Running (runc start) -> Stopped (init exited) ->
-//! removed by Delete. The init's exit is watched through a pidfd (corral is a subreaper, so the
-//! init becomes its child once `runc create` exits).
+//! The init is made by `runc create` and started by `runc start`; execs by `runc exec --detach`.
+//! Exits are watched per process (see [`super::process`]).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
-use containerd_shim_protos::api::CreateTaskRequest;
-use tokio::sync::watch;
+use containerd_shim_protos::api::{CreateTaskRequest, ExecProcessRequest};
+use serde_json::Value;
 
+use super::process::{ExitInfo, Process, Status, Stdio};
 use crate::error::{Error, IoContext, Result};
-use crate::sys::pidfd::PidFd;
 use crate::task::oci::{self, PodContext};
 use crate::task::{rootfs, runc::Runc, stdio};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
-    Created,
-    Running,
-    Stopped,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ExitInfo {
-    pub status: u32,
-    pub at: SystemTime,
-}
+/// The type URL containerd gives an exec's OCI process spec.
+const PROCESS_SPEC_TYPE: &str = "types.containerd.io/opencontainers/runtime-spec/1/Process";
 
 pub struct Container {
     pub id: String,
     pub bundle: PathBuf,
-    pub pid: u32,
-    pub stdin: String,
-    pub stdout: String,
-    pub stderr: String,
-    pub terminal: bool,
-    status: Mutex<Status>,
-    exit: watch::Sender<Option<ExitInfo>>,
-    pidfd: PidFd,
+    pub init: Arc<Process>,
+    execs: Mutex<HashMap<String, Exec>>,
 }
 
-/// Container ids become runc ids and file names: keep them to a safe alphabet.
+struct Exec {
+    process: Arc<Process>,
+    spec: Value,
+}
+
+/// Ids become runc ids and file names: keep them to a safe alphabet.
 pub fn validate_id(field: &str, id: &str) -> Result<()> {
     let ok = !id.is_empty()
         && id.len() <= 128
@@ -59,6 +47,15 @@ pub fn validate_id(field: &str, id: &str) -> Result<()> {
     }
 }
 
+fn check_stdio(terminal: bool) -> Result<()> {
+    if terminal {
+        return Err(Error::Unimplemented(
+            "terminal: tty processes are not supported yet".into(),
+        ));
+    }
+    Ok(())
+}
+
 impl Container {
     /// Mounts the rootfs, rewrites config.json for the pod, runs `runc create`. Undoes its work
     /// on failure.
@@ -68,11 +65,7 @@ impl Container {
         pod: &PodContext,
     ) -> Result<Container> {
         validate_id("id", &req.id)?;
-        if req.terminal {
-            return Err(Error::Unimplemented(
-                "terminal: tty containers are not supported yet".into(),
-            ));
-        }
+        check_stdio(req.terminal)?;
         if !req.checkpoint.is_empty() {
             return Err(Error::Unimplemented(
                 "checkpoint: restoring from a checkpoint is not supported".into(),
@@ -87,10 +80,19 @@ impl Container {
         }
         let config_path = bundle.join("config.json");
         let raw = std::fs::read(&config_path).with_path("read", &config_path)?;
-        let mut spec: serde_json::Value = serde_json::from_slice(&raw)
+        let mut spec: Value = serde_json::from_slice(&raw)
             .map_err(|e| Error::invalid(format!("{}: not JSON: {e}", config_path.display())))?;
         oci::rewrite(&mut spec, pod)?;
         let io = stdio::open(&req.stdin, &req.stdout, &req.stderr)?;
+        let init = Arc::new(Process::new(
+            &req.id,
+            Stdio {
+                stdin: req.stdin.clone(),
+                stdout: req.stdout.clone(),
+                stderr: req.stderr.clone(),
+                terminal: req.terminal,
+            },
+        ));
 
         let rootfs_dir = bundle.join("rootfs");
         if !req.rootfs.is_empty() {
@@ -101,71 +103,24 @@ impl Container {
             std::fs::write(&config_path, data).with_path("write", &config_path)?;
             let pid_file = bundle.join("init.pid");
             runc.create(&req.id, &bundle, &pid_file, io).await?;
-            let pid: u32 = std::fs::read_to_string(&pid_file)
-                .with_path("read", &pid_file)?
-                .trim()
-                .parse()
-                .map_err(|e| Error::invalid(format!("{}: not a pid: {e}", pid_file.display())))?;
-            let pidfd =
-                PidFd::open(pid as i32).context(|| format!("pidfd_open container init {pid}"))?;
-            Ok::<_, Error>((pid, pidfd))
+            init.attach(read_pid(&pid_file)?)
         }
         .await;
-        let (pid, pidfd) = match created {
-            Ok(v) => v,
-            Err(e) => {
-                let _ = runc.delete(&req.id, &bundle).await;
-                let _ = rootfs::unmount_rootfs(&rootfs_dir);
-                return Err(e);
-            }
-        };
+        if let Err(e) = created {
+            let _ = runc.delete(&req.id).await;
+            let _ = rootfs::unmount_rootfs(&rootfs_dir);
+            return Err(e);
+        }
         Ok(Container {
             id: req.id.clone(),
             bundle,
-            pid,
-            stdin: req.stdin.clone(),
-            stdout: req.stdout.clone(),
-            stderr: req.stderr.clone(),
-            terminal: req.terminal,
-            status: Mutex::new(Status::Created),
-            exit: watch::channel(None).0,
-            pidfd,
+            init,
+            execs: Mutex::new(HashMap::new()),
         })
     }
 
-    pub fn status(&self) -> Status {
-        *self.status.lock().unwrap()
-    }
-
-    pub fn exit(&self) -> Option<ExitInfo> {
-        *self.exit.borrow()
-    }
-
-    /// Waits for the init to exit, records it and returns it. Run once, in its own task.
-    pub async fn watch_exit(self: &Arc<Self>) -> ExitInfo {
-        let status = self.pidfd.wait().await;
-        let info = ExitInfo {
-            status,
-            at: SystemTime::now(),
-        };
-        *self.status.lock().unwrap() = Status::Stopped;
-        self.exit.send_replace(Some(info));
-        info
-    }
-
-    /// Resolves when the init has exited.
-    pub async fn wait(&self) -> ExitInfo {
-        let mut rx = self.exit.subscribe();
-        let exit = rx.wait_for(Option::is_some).await;
-        match exit {
-            Ok(v) => v.expect("waited for Some"),
-            // The sender lives in self, so it cannot be dropped while we borrow self.
-            Err(_) => unreachable!("exit sender dropped while the container lives"),
-        }
-    }
-
     pub async fn start(&self, runc: &Runc) -> Result<()> {
-        match self.status() {
+        match self.init.status() {
             Status::Created => {}
             other => {
                 return Err(Error::precondition(format!(
@@ -174,60 +129,190 @@ impl Container {
                 )))
             }
         }
-        runc.start(&self.id, &self.bundle).await?;
-        let mut status = self.status.lock().unwrap();
-        // The init may already have exited and been recorded.
-        if *status == Status::Created {
-            *status = Status::Running;
-        }
+        runc.start(&self.id).await?;
+        self.init.set_running();
         Ok(())
     }
 
-    pub async fn kill(&self, runc: &Runc, signal: u32, all: bool) -> Result<()> {
-        if self.status() == Status::Stopped {
-            return Err(Error::not_found(format!(
-                "container {}: process already finished",
+    /// The init or one exec.
+    pub fn process(&self, exec_id: &str) -> Result<Arc<Process>> {
+        if exec_id.is_empty() {
+            return Ok(self.init.clone());
+        }
+        self.execs
+            .lock()
+            .unwrap()
+            .get(exec_id)
+            .map(|e| e.process.clone())
+            .ok_or_else(|| {
+                Error::not_found(format!("container {}: exec {exec_id} not found", self.id))
+            })
+    }
+
+    pub async fn kill(&self, runc: &Runc, exec_id: &str, signal: u32, all: bool) -> Result<()> {
+        let process = self.process(exec_id)?;
+        if all && exec_id.is_empty() {
+            if process.exit().is_some() {
+                return Err(Error::not_found(format!(
+                    "{}: process already finished",
+                    self.id
+                )));
+            }
+            return runc.kill(&self.id, signal, true).await;
+        }
+        process.signal(signal)
+    }
+
+    /// Registers an exec (Task.Exec); it runs on Start.
+    pub fn add_exec(&self, req: &ExecProcessRequest) -> Result<Arc<Process>> {
+        validate_id("exec_id", &req.exec_id)?;
+        check_stdio(req.terminal)?;
+        if self.init.status() != Status::Running || self.init.exit().is_some() {
+            return Err(Error::precondition(format!(
+                "container {}: not running; cannot exec",
                 self.id
             )));
         }
-        if all {
-            return runc.kill(&self.id, &self.bundle, signal, true).await;
+        let any = req
+            .spec
+            .as_ref()
+            .ok_or_else(|| Error::invalid("spec: missing the exec's process spec"))?;
+        if !any.type_url.ends_with("runtime-spec/1/Process") {
+            return Err(Error::invalid(format!(
+                "spec.type_url: {:?} is not {PROCESS_SPEC_TYPE:?}",
+                any.type_url
+            )));
         }
-        let sig = nix::sys::signal::Signal::try_from(signal as i32)
-            .map_err(|_| Error::invalid(format!("signal: {signal} is not a signal")))?;
-        self.pidfd
-            .signal(sig)
-            .context(|| format!("signal container {} init", self.id))
+        let spec: Value = serde_json::from_slice(&any.value)
+            .map_err(|e| Error::invalid(format!("spec.value: not an OCI process (JSON): {e}")))?;
+        if spec
+            .get("args")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
+        {
+            return Err(Error::invalid("spec.value: process.args is empty"));
+        }
+        let process = Arc::new(Process::new(
+            &req.exec_id,
+            Stdio {
+                stdin: req.stdin.clone(),
+                stdout: req.stdout.clone(),
+                stderr: req.stderr.clone(),
+                terminal: req.terminal,
+            },
+        ));
+        let mut execs = self.execs.lock().unwrap();
+        if execs.contains_key(&req.exec_id) {
+            return Err(Error::AlreadyExists(format!(
+                "container {}: exec {} already exists",
+                self.id, req.exec_id
+            )));
+        }
+        execs.insert(
+            req.exec_id.clone(),
+            Exec {
+                process: process.clone(),
+                spec,
+            },
+        );
+        Ok(process)
+    }
+
+    /// Runs a registered exec with `runc exec --detach`.
+    pub async fn start_exec(&self, runc: &Runc, exec_id: &str) -> Result<Arc<Process>> {
+        let (process, spec) = {
+            let execs = self.execs.lock().unwrap();
+            let exec = execs.get(exec_id).ok_or_else(|| {
+                Error::not_found(format!("container {}: exec {exec_id} not found", self.id))
+            })?;
+            (exec.process.clone(), exec.spec.clone())
+        };
+        if process.status() != Status::Created {
+            return Err(Error::precondition(format!(
+                "exec {exec_id}: already started"
+            )));
+        }
+        let spec_file = self.bundle.join(format!("exec-{exec_id}.json"));
+        let pid_file = self.bundle.join(format!("exec-{exec_id}.pid"));
+        std::fs::write(
+            &spec_file,
+            serde_json::to_vec(&spec).expect("JSON serializes"),
+        )
+        .with_path("write", &spec_file)?;
+        let io = stdio::open(
+            &process.stdio.stdin,
+            &process.stdio.stdout,
+            &process.stdio.stderr,
+        )?;
+        let ran = runc
+            .exec(&self.id, &self.bundle, &spec_file, &pid_file, io)
+            .await;
+        let _ = std::fs::remove_file(&spec_file);
+        match ran
+            .and_then(|()| read_pid(&pid_file))
+            .and_then(|pid| process.attach(pid))
+        {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&pid_file);
+                process.set_running();
+                Ok(process)
+            }
+            Err(e) => {
+                // A failed start is an exited exec: waiters must not hang.
+                process.mark_exited(255);
+                Err(e)
+            }
+        }
+    }
+
+    /// Forgets an exited exec.
+    pub fn delete_exec(&self, exec_id: &str) -> Result<ExitInfo> {
+        let process = self.process(exec_id)?;
+        let exit = match (process.status(), process.exit()) {
+            (_, Some(exit)) => exit,
+            (Status::Created, None) => process.mark_exited(0),
+            _ => {
+                return Err(Error::precondition(format!(
+                    "exec {exec_id}: still running; kill it before deleting"
+                )))
+            }
+        };
+        self.execs.lock().unwrap().remove(exec_id);
+        Ok(exit)
     }
 
     /// Removes the container from runc and unmounts its rootfs. Refuses a running container.
     pub async fn delete(&self, runc: &Runc) -> Result<ExitInfo> {
-        if self.status() == Status::Running {
+        if self.init.status() == Status::Running && self.init.exit().is_none() {
             return Err(Error::precondition(format!(
                 "container {}: still running; kill it before deleting",
                 self.id
             )));
         }
         self.force_delete(runc).await?;
-        Ok(self.wait().await)
+        Ok(self.init.wait().await)
     }
 
     /// Kills and removes whatever state the container is in; used on pod teardown.
     pub async fn force_delete(&self, runc: &Runc) -> Result<()> {
-        let removed = match runc.delete(&self.id, &self.bundle).await {
+        let removed = match runc.delete(&self.id).await {
             Err(e) if !crate::task::runc::is_not_exist(&e) => Err(e),
             _ => Ok(()),
         };
-        let _ = self.pidfd.signal(nix::sys::signal::Signal::SIGKILL);
+        let _ = self.init.signal(nix::sys::signal::Signal::SIGKILL as u32);
         let unmounted = rootfs::unmount_rootfs(&self.bundle.join("rootfs"));
         removed.and(unmounted)
-    }
-
-    pub fn rootfs(&self) -> PathBuf {
-        self.bundle.join("rootfs")
     }
 
     pub fn bundle(&self) -> &Path {
         &self.bundle
     }
+}
+
+fn read_pid(pid_file: &Path) -> Result<u32> {
+    std::fs::read_to_string(pid_file)
+        .with_path("read", pid_file)?
+        .trim()
+        .parse()
+        .map_err(|e| Error::invalid(format!("{}: not a pid: {e}", pid_file.display())))
 }

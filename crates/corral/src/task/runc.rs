@@ -1,10 +1,14 @@
 //! Calls into the OCI runtime binary (runc by default).
 //!
-//! corral drives runc's CLI directly instead of through the `runc` crate: it needs five
+//! corral drives runc's CLI directly instead of through the `runc` crate: it needs six
 //! subcommands, its stdio handling is the container's (the FIFOs are handed straight to runc), and
 //! the crate would bring a second `nix` major version and its own process-monitor design that
-//! conflicts with corral's pidfd-based exit watching. Errors carry runc's own last error line,
-//! read from its JSON log, not just an exit status.
+//! conflicts with corral's pidfd-based exit watching. Errors carry runc's own last error line, not
+//! just an exit status.
+//!
+//! Logs: `create` and `exec` give runc's stderr to the container, so their errors go to a JSON log
+//! file in the bundle. The other subcommands log JSON to stderr, because `delete` may run while
+//! containerd removes the bundle (after a shim crash) and runc refuses to start without its log.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -23,7 +27,7 @@ pub struct Runc {
     pub root: PathBuf,
 }
 
-/// The container's stdio, handed to `runc create` and inherited by the container's init.
+/// The process's stdio, handed to runc and inherited by the container's process.
 pub struct CreateIo {
     pub stdin: Stdio,
     pub stdout: Stdio,
@@ -38,14 +42,16 @@ impl Runc {
         }
     }
 
-    fn command(&self, log: &Path) -> Command {
+    /// `runc --root R --log-format json [--log L]`; without a log file runc logs to stderr.
+    fn command(&self, log: Option<&Path>) -> Command {
         let mut cmd = Command::new(&self.binary);
         cmd.arg("--root")
             .arg(&self.root)
-            .arg("--log")
-            .arg(log)
             .arg("--log-format")
             .arg("json");
+        if let Some(log) = log {
+            cmd.arg("--log").arg(log);
+        }
         cmd.kill_on_drop(false);
         cmd
     }
@@ -58,67 +64,97 @@ impl Runc {
         pid_file: &Path,
         io: CreateIo,
     ) -> Result<()> {
+        let mut args = vec![
+            "create".into(),
+            "--bundle".into(),
+            bundle.display().to_string(),
+        ];
+        args.extend([
+            "--pid-file".into(),
+            pid_file.display().to_string(),
+            id.into(),
+        ]);
+        self.with_container_stdio("create", id, bundle, &args, io)
+            .await
+    }
+
+    /// `runc exec --detach`: runs the process described by `process_json` in the container.
+    pub async fn exec(
+        &self,
+        id: &str,
+        bundle: &Path,
+        process_json: &Path,
+        pid_file: &Path,
+        io: CreateIo,
+    ) -> Result<()> {
+        let mut args = vec![
+            "exec".into(),
+            "--detach".into(),
+            "--process".into(),
+            process_json.display().to_string(),
+        ];
+        args.extend([
+            "--pid-file".into(),
+            pid_file.display().to_string(),
+            id.into(),
+        ]);
+        self.with_container_stdio("exec", id, bundle, &args, io)
+            .await
+    }
+
+    async fn with_container_stdio(
+        &self,
+        op: &'static str,
+        id: &str,
+        bundle: &Path,
+        args: &[String],
+        io: CreateIo,
+    ) -> Result<()> {
         let log = bundle.join("runc-log.json");
         let _ = std::fs::remove_file(&log);
-        let mut cmd = self.command(&log);
-        cmd.args(["create", "--bundle"])
-            .arg(bundle)
-            .arg("--pid-file")
-            .arg(pid_file)
-            .arg(id);
-        cmd.stdin(io.stdin).stdout(io.stdout).stderr(io.stderr);
+        let mut cmd = self.command(Some(&log));
+        cmd.args(args)
+            .stdin(io.stdin)
+            .stdout(io.stdout)
+            .stderr(io.stderr);
         let status = cmd.status().await.with_path("run", &self.binary)?;
         if status.success() {
             return Ok(());
         }
         Err(Error::Runtime {
-            op: "create",
+            op,
             id: id.into(),
             message: last_error(&log, &status.to_string()),
         })
     }
 
-    pub async fn start(&self, id: &str, bundle: &Path) -> Result<()> {
-        self.simple("start", id, bundle, &["start", id]).await
+    pub async fn start(&self, id: &str) -> Result<()> {
+        self.simple("start", id, &["start", id]).await.map(drop)
     }
 
-    pub async fn kill(&self, id: &str, bundle: &Path, signal: u32, all: bool) -> Result<()> {
+    pub async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<()> {
         let sig = signal.to_string();
         let mut args = vec!["kill"];
         if all {
             args.push("--all");
         }
         args.extend([id, sig.as_str()]);
-        self.simple("kill", id, bundle, &args).await
+        self.simple("kill", id, &args).await.map(drop)
     }
 
     /// `runc delete --force`: removes the container, killing what is left of it.
-    pub async fn delete(&self, id: &str, bundle: &Path) -> Result<()> {
-        self.simple("delete", id, bundle, &["delete", "--force", id])
+    pub async fn delete(&self, id: &str) -> Result<()> {
+        self.simple("delete", id, &["delete", "--force", id])
             .await
+            .map(drop)
     }
 
     /// The host pids of the container's processes.
-    pub async fn ps(&self, id: &str, bundle: &Path) -> Result<Vec<u32>> {
-        let log = bundle.join("runc-log.json");
+    pub async fn ps(&self, id: &str) -> Result<Vec<u32>> {
         let out = self
-            .command(&log)
-            .args(["ps", "--format", "json", id])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .output()
-            .await
-            .with_path("run", &self.binary)?;
-        if !out.status.success() {
-            let message = last_error(&log, &String::from_utf8_lossy(&out.stderr));
-            return Err(Error::Runtime {
-                op: "ps",
-                id: id.into(),
-                message,
-            });
-        }
-        serde_json::from_slice::<Option<Vec<u32>>>(&out.stdout)
+            .simple("ps", id, &["ps", "--format", "json", id])
+            .await?;
+        serde_json::from_slice::<Option<Vec<u32>>>(&out)
             .map(Option::unwrap_or_default)
             .map_err(|e| Error::Runtime {
                 op: "ps",
@@ -127,26 +163,21 @@ impl Runc {
             })
     }
 
-    async fn simple(&self, op: &'static str, id: &str, bundle: &Path, args: &[&str]) -> Result<()> {
-        // A bundle may be gone (delete after a crash); runc's log then goes to the runc root.
-        let log = if bundle.is_dir() {
-            bundle.join("runc-log.json")
-        } else {
-            self.root.join("corral-log.json")
-        };
+    /// Runs a subcommand that needs no container stdio; returns its stdout.
+    async fn simple(&self, op: &'static str, id: &str, args: &[&str]) -> Result<Vec<u8>> {
         let out = self
-            .command(&log)
+            .command(None)
             .args(args)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .output()
             .await
             .with_path("run", &self.binary)?;
         if out.status.success() {
-            return Ok(());
+            return Ok(out.stdout);
         }
-        let message = last_error(&log, &String::from_utf8_lossy(&out.stderr));
+        let message = last_error_in(&String::from_utf8_lossy(&out.stderr));
         Err(Error::Runtime {
             op,
             id: id.into(),
@@ -155,20 +186,28 @@ impl Runc {
     }
 }
 
-/// runc's last `"level":"error"` message from its JSON log, else `fallback`.
+/// runc's last error from its JSON log file, else `fallback`.
 fn last_error(log: &Path, fallback: &str) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
+    json_error(&text).unwrap_or_else(|| fallback.trim().to_string())
+}
+
+/// runc's last error from JSON log lines on its stderr, else the stderr text itself.
+fn last_error_in(stderr: &str) -> String {
+    json_error(stderr).unwrap_or_else(|| stderr.trim().to_string())
+}
+
+fn json_error(text: &str) -> Option<String> {
     text.lines()
         .rev()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find(|v| v["level"] == "error")
         .and_then(|v| v["msg"].as_str().map(str::to_string))
-        .unwrap_or_else(|| fallback.trim().to_string())
 }
 
 /// Whether a runc error means the container does not exist (any more).
 pub fn is_not_exist(err: &Error) -> bool {
-    matches!(err, Error::Runtime { message, .. } if message.contains("does not exist") || message.contains("not exist"))
+    matches!(err, Error::Runtime { message, .. } if message.contains("does not exist"))
 }
 
 #[cfg(test)]
@@ -176,7 +215,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn last_error_takes_runc_own_message() {
+    fn errors_are_runc_own_messages() {
         let dir = std::env::temp_dir().join(format!("corral-runc-log-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let log = dir.join("log.json");
@@ -197,6 +236,27 @@ mod tests {
             last_error(&dir.join("none"), " exit status 1\n"),
             "exit status 1"
         );
+        assert_eq!(
+            last_error_in("{\"level\":\"error\",\"msg\":\"container \\\"x\\\" does not exist\"}\n"),
+            "container \"x\" does not exist"
+        );
+        assert_eq!(last_error_in("plain text\n"), "plain text");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn not_exist_is_recognised() {
+        let err = Error::Runtime {
+            op: "delete",
+            id: "x".into(),
+            message: "container \"x\" does not exist".into(),
+        };
+        assert!(is_not_exist(&err));
+        let err = Error::Runtime {
+            op: "delete",
+            id: "x".into(),
+            message: "permission denied".into(),
+        };
+        assert!(!is_not_exist(&err));
     }
 }

@@ -1,0 +1,143 @@
+//! A process of a container (its init or an exec): stdio paths, pid, lifecycle and exit.
+//!
+//! Lifecycle: Created -> Running -> Stopped. The exit is observed once through the process's
+//! pidfd (corral is a subreaper, so inits and execs become its children when runc exits) and
+//! broadcast to every waiter.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::SystemTime;
+
+use nix::sys::signal::Signal;
+use tokio::sync::watch;
+
+use crate::error::{Error, IoContext, Result};
+use crate::sys::pidfd::PidFd;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Created,
+    Running,
+    Stopped,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitInfo {
+    pub status: u32,
+    pub at: SystemTime,
+}
+
+/// The stdio a process was created with, as containerd named it.
+#[derive(Clone, Debug, Default)]
+pub struct Stdio {
+    pub stdin: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub terminal: bool,
+}
+
+pub struct Process {
+    /// The container id for an init, the exec id for an exec.
+    pub id: String,
+    pub stdio: Stdio,
+    pid: AtomicU32,
+    status: Mutex<Status>,
+    exit: watch::Sender<Option<ExitInfo>>,
+    pidfd: OnceLock<PidFd>,
+}
+
+impl Process {
+    pub fn new(id: &str, stdio: Stdio) -> Process {
+        Process {
+            id: id.to_string(),
+            stdio,
+            pid: AtomicU32::new(0),
+            status: Mutex::new(Status::Created),
+            exit: watch::channel(None).0,
+            pidfd: OnceLock::new(),
+        }
+    }
+
+    /// Records the process runc created, and starts watching it.
+    pub fn attach(&self, pid: u32) -> Result<()> {
+        let pidfd =
+            PidFd::open(pid as i32).context(|| format!("pidfd_open {} (pid {pid})", self.id))?;
+        self.pid.store(pid, Ordering::SeqCst);
+        let _ = self.pidfd.set(pidfd);
+        Ok(())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid.load(Ordering::SeqCst)
+    }
+
+    pub fn status(&self) -> Status {
+        *self.status.lock().unwrap()
+    }
+
+    /// Created -> Running, unless the process already exited.
+    pub fn set_running(&self) {
+        let mut status = self.status.lock().unwrap();
+        if *status == Status::Created {
+            *status = Status::Running;
+        }
+    }
+
+    pub fn exit(&self) -> Option<ExitInfo> {
+        *self.exit.borrow()
+    }
+
+    /// Waits for the exit through the pidfd and records it. Run once per process, in its own task.
+    pub async fn watch_exit(&self) -> ExitInfo {
+        let status = match self.pidfd.get() {
+            Some(pidfd) => pidfd.wait().await,
+            None => 255,
+        };
+        self.mark_exited(status)
+    }
+
+    /// Records an exit (also for a process that never started).
+    pub fn mark_exited(&self, status: u32) -> ExitInfo {
+        let info = ExitInfo {
+            status,
+            at: SystemTime::now(),
+        };
+        *self.status.lock().unwrap() = Status::Stopped;
+        self.exit.send_if_modified(|e| {
+            if e.is_none() {
+                *e = Some(info);
+                true
+            } else {
+                false
+            }
+        });
+        self.exit().unwrap_or(info)
+    }
+
+    /// Resolves when the process has exited.
+    pub async fn wait(&self) -> ExitInfo {
+        let mut rx = self.exit.subscribe();
+        let exit = match rx.wait_for(Option::is_some).await {
+            Ok(v) => v.expect("waited for Some"),
+            Err(_) => unreachable!("the exit sender lives as long as the process"),
+        };
+        exit
+    }
+
+    /// Signals the process; NotFound once it has exited (containerd treats that as done).
+    pub fn signal(&self, signal: u32) -> Result<()> {
+        if self.exit().is_some() || self.status() == Status::Stopped {
+            return Err(Error::not_found(format!(
+                "{}: process already finished",
+                self.id
+            )));
+        }
+        let sig = Signal::try_from(signal as i32)
+            .map_err(|_| Error::invalid(format!("signal: {signal} is not a signal")))?;
+        let pidfd = self
+            .pidfd
+            .get()
+            .ok_or_else(|| Error::precondition(format!("{}: not started", self.id)))?;
+        pidfd.signal(sig).context(|| format!("signal {}", self.id))
+    }
+}
