@@ -192,8 +192,13 @@ impl Sandbox for SandboxService {
         req: ShutdownSandboxRequest,
     ) -> ttrpc::Result<ShutdownSandboxResponse> {
         traced("ShutdownSandbox", &req.sandbox_id, async {
-            let pod = self.shim.pod(&req.sandbox_id)?;
-            self.shim.shutdown_pod(pod).await?;
+            match self.shim.pod(&req.sandbox_id) {
+                Ok(pod) => self.shim.shutdown_pod(pod).await?,
+                // CreateSandbox failed (containerd cleans up with ShutdownSandbox) or a retry:
+                // nothing to release, and a shim without pods has no reason to live.
+                Err(_) if self.shim.pods.lock().unwrap().is_empty() => self.shim.exit.notify_one(),
+                Err(e) => return Err(e),
+            }
             tracing::info!(sandbox = %req.sandbox_id, "sandbox shut down");
             Ok(ShutdownSandboxResponse::default())
         })

@@ -18,6 +18,8 @@ use super::args::Args;
 use super::start::{LISTEN_FD, READY_FD};
 use crate::error::{Error, IoContext, Result};
 use crate::events::Publisher;
+use crate::pod::files::PodPaths;
+use crate::pod::persist::Record;
 use crate::service::sandbox::SandboxService;
 use crate::service::task::TaskService;
 use crate::service::Shim;
@@ -58,6 +60,18 @@ async fn serve(args: &Args) -> Result<()> {
     let events = Publisher::spawn(std::env::var("TTRPC_ADDRESS").ok(), args.namespace.clone());
     let runc = Runc::new(runc_binary(), &args.namespace);
     std::fs::create_dir_all(&runc.root).with_path("create runc root", &runc.root)?;
+    // A first record, before any pod exists: if CreateSandbox fails, containerd's `delete` still
+    // finds this server and its socket. The pod's record replaces it.
+    Record {
+        sandbox_id: args.id.clone(),
+        server_pid: std::process::id() as i32,
+        socket: args.socket.clone(),
+        holder_pid: 0,
+        runc_binary: runc.binary.clone(),
+        runc_root: runc.root.clone(),
+        containers: Vec::new(),
+    }
+    .save(&PodPaths::new(".").state_file())?;
     let shim = Shim::new(args.namespace.clone(), runc, args.socket.clone(), events);
 
     let tasks = Arc::new(TaskService { shim: shim.clone() });
