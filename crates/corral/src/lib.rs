@@ -24,8 +24,10 @@
 //! - [`holder`]: the process holding the pod's namespaces, and the namespace pins.
 //! - [`task`]: the pod's containers through runc; config.json rewriting; process exits.
 //! - [`events`]: task events forwarded to containerd.
+//! - [`cgroups`]: the pod cgroup (holder), resources, v1/v2 metrics.
 //! - [`sys`]: thin safe wrappers over the syscalls nix does not cover.
 
+pub mod cgroups;
 pub mod error;
 pub mod events;
 pub mod holder;

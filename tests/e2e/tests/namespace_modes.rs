@@ -6,23 +6,44 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use corral_rig::cri::{container_config, log_dir, pod_config};
 use corral_rig::{eventually, probe, Options, Rig};
-use k8s_cri::v1::{NamespaceMode, PodSandboxConfig, ContainerConfig};
+use k8s_cri::v1::{ContainerConfig, NamespaceMode, PodSandboxConfig};
 
 fn set_modes(pod: &mut PodSandboxConfig, pid: NamespaceMode, ipc: NamespaceMode) {
-    let ns = pod.linux.as_mut().unwrap().security_context.as_mut().unwrap().namespace_options.as_mut().unwrap();
+    let ns = pod
+        .linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options
+        .as_mut()
+        .unwrap();
     ns.pid = pid as i32;
     ns.ipc = ipc as i32;
 }
 
 fn set_container_modes(c: &mut ContainerConfig, pid: NamespaceMode, ipc: NamespaceMode) {
-    let ns = c.linux.as_mut().unwrap().security_context.as_mut().unwrap().namespace_options.as_mut().unwrap();
+    let ns = c
+        .linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .namespace_options
+        .as_mut()
+        .unwrap();
     ns.pid = pid as i32;
     ns.ipc = ipc as i32;
 }
 
 fn state_of(pid: u32) -> char {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.rsplit(')').next().and_then(|s| s.trim_start().chars().next()).unwrap_or('?')
+    stat.rsplit(')')
+        .next()
+        .and_then(|s| s.trim_start().chars().next())
+        .unwrap_or('?')
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,13 +64,21 @@ async fn a_shared_pid_namespace_has_the_holder_as_pid_1_reaping_orphans() -> Res
 
     let (pa, pb) = (cri.container_pid(&ca).await?, cri.container_pid(&cb).await?);
     let pod_pidns = probe::ns(pa, "pid")?;
-    assert_eq!(probe::ns(pb, "pid")?, pod_pidns, "both containers share the pod's pid namespace");
+    assert_eq!(
+        probe::ns(pb, "pid")?,
+        pod_pidns,
+        "both containers share the pod's pid namespace"
+    );
     assert_ne!(probe::ns(std::process::id(), "pid")?, pod_pidns);
 
     // Inside, pid 1 is corral's holder, and each container sees the other's process.
     let (_, pid1, _) = cri.exec_sync(&ca, &["cat", "/proc/1/cmdline"]).await?;
     let pid1: Vec<&str> = pid1.split('\0').collect();
-    assert_eq!(pid1.get(1..3), Some(&["holder", pod.as_str()][..]), "pid 1 is the holder: {pid1:?}");
+    assert_eq!(
+        pid1.get(1..3),
+        Some(&["holder", pod.as_str()][..]),
+        "pid 1 is the holder: {pid1:?}"
+    );
     let (_, ps, _) = cri.exec_sync(&ca, &["ps", "-o", "args"]).await?;
     assert!(ps.contains("sleep 1001"), "a sees b's process: {ps}");
 
@@ -57,7 +86,10 @@ async fn a_shared_pid_namespace_has_the_holder_as_pid_1_reaping_orphans() -> Res
     eventually(Duration::from_secs(5), || {
         let zombies: Vec<u32> = probe::all_pids()
             .into_iter()
-            .filter(|p| probe::ns(*p, "pid").ok().as_deref() == Some(pod_pidns.as_str()) && state_of(*p) == 'Z')
+            .filter(|p| {
+                probe::ns(*p, "pid").ok().as_deref() == Some(pod_pidns.as_str())
+                    && state_of(*p) == 'Z'
+            })
             .collect();
         (!zombies.is_empty()).then(|| format!("zombies in the pod: {zombies:?}"))
     })
@@ -79,15 +111,29 @@ async fn host_ipc_uses_the_node_ipc_namespace_and_dev_shm() -> Result<()> {
     let c = cri.run_container(&pod, &cfg, &c).await?;
 
     let pid = cri.container_pid(&c).await?;
-    assert_eq!(probe::ns(pid, "ipc")?, probe::ns(std::process::id(), "ipc")?, "host IPC namespace");
-    assert_ne!(probe::ns(pid, "net")?, probe::ns(std::process::id(), "net")?, "but the pod's network");
+    assert_eq!(
+        probe::ns(pid, "ipc")?,
+        probe::ns(std::process::id(), "ipc")?,
+        "host IPC namespace"
+    );
+    assert_ne!(
+        probe::ns(pid, "net")?,
+        probe::ns(std::process::id(), "net")?,
+        "but the pod's network"
+    );
     let note = format!("/dev/shm/corral-host-ipc-{}", std::process::id());
     std::fs::write(&note, "from the node\n")?;
     let (_, seen, _) = cri.exec_sync(&c, &["cat", &note]).await?;
     std::fs::remove_file(&note)?;
     assert_eq!(seen, "from the node\n", "the node's /dev/shm");
     // No pod shm was mounted for a hostIPC pod.
-    assert!(probe::mounts_containing(&pod).iter().all(|m| !m.ends_with("/shm")), "{:?}", probe::mounts_containing(&pod));
+    assert!(
+        probe::mounts_containing(&pod)
+            .iter()
+            .all(|m| !m.ends_with("/shm")),
+        "{:?}",
+        probe::mounts_containing(&pod)
+    );
 
     cri.stop_and_remove_pod(&pod).await.context("teardown")?;
     Ok(())

@@ -234,6 +234,12 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// A cgroup parent for this rig's pods, as kubelet would make one per pod; removed with the
+    /// rig.
+    pub fn cgroup_parent(&self, pod: &str) -> String {
+        format!("/corral-e2e/{}/{pod}", self.name)
+    }
+
     pub async fn cri(&self) -> Result<Cri> {
         Cri::connect(&self.socket).await
     }
@@ -276,13 +282,36 @@ impl Drop for Rig {
     /// Stops containerd and removes whatever the tests left behind, so the next run starts clean.
     /// (Tests assert the absence of leaks *before* this runs.)
     fn drop(&mut self) {
+        // What a failed test may have left: its pods' holders and containers.
+        let ids = |plugin: &str| -> Vec<String> {
+            std::fs::read_dir(self.state.join(plugin).join("k8s.io"))
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let sandboxes = ids("io.containerd.sandbox.controller.v1.shim");
+        let containers = ids("io.containerd.runtime.v2.task");
         self.stop_daemon(nix::sys::signal::Signal::SIGTERM);
-        let marker = self.socket.display().to_string();
-        for pid in probe::pids_with_cmdline(&marker) {
+        let kill = |pid: i32| {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
             );
+        };
+        let marker = self.socket.display().to_string();
+        probe::pids_with_cmdline(&marker).into_iter().for_each(kill);
+        for sb in &sandboxes {
+            probe::pids_with_cmdline(sb).into_iter().for_each(kill);
+        }
+        for cid in &containers {
+            for root in ["/run/corral/runc/k8s.io", "/run/containerd/runc/k8s.io"] {
+                let _ = Command::new("runc")
+                    .args(["--root", root, "delete", "--force", cid])
+                    .output();
+            }
         }
         std::thread::sleep(Duration::from_millis(100));
         for m in probe::mounts_under(&[&self.dir, self.state.parent().unwrap_or(&self.state)])
@@ -291,11 +320,30 @@ impl Drop for Rig {
         {
             let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
         }
+        // Pod cgroups tests created under /corral-e2e/<rig name> (see [`Rig::cgroup_parent`]).
+        if let Ok(mounts) = std::fs::read_dir("/sys/fs/cgroup") {
+            for m in mounts.flatten() {
+                remove_cgroup_tree(&m.path().join("corral-e2e").join(&self.name));
+                let _ = std::fs::remove_dir(m.path().join("corral-e2e"));
+            }
+        }
         if std::env::var_os("CORRAL_RIG_KEEP").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
             let _ = std::fs::remove_dir_all(self.state.parent().unwrap_or(&self.state));
         }
     }
+}
+
+/// Removes a cgroup directory tree, children first (cgroupfs allows only rmdir).
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// Polls `check` until it returns `None` or `timeout` passes; returns the last complaint.

@@ -17,6 +17,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
+use crate::cgroups::{Mode, PodCgroup};
 use crate::error::{Error, Result};
 use crate::holder::{pins, Holder, HolderSpec};
 use crate::task::oci::PodContext;
@@ -41,6 +42,7 @@ pub struct Pod {
     pub created_at: SystemTime,
     holder: Holder,
     pins: HashMap<String, PathBuf>,
+    cgroup: Option<PodCgroup>,
     state: watch::Sender<PodState>,
     pub containers: Mutex<HashMap<String, Arc<Container>>>,
     runc: Runc,
@@ -49,8 +51,8 @@ pub struct Pod {
 }
 
 impl Pod {
-    /// Builds the pod: files, shm, holder, pins, record. Blocking (spawns and waits for the
-    /// holder); on failure releases everything it made.
+    /// Builds the pod: files, shm, cgroup, holder, pins, record. Blocking (spawns and waits for
+    /// the holder); on failure releases everything it made.
     pub fn create(
         id: &str,
         bundle: PathBuf,
@@ -59,44 +61,25 @@ impl Pod {
         socket: Option<PathBuf>,
     ) -> Result<Pod> {
         let paths = PodPaths::new(bundle);
-        match Self::build(id, &paths, &spec) {
-            Ok((holder, pins)) => {
-                let pod = Pod {
-                    id: id.to_string(),
-                    spec,
-                    paths,
-                    created_at: SystemTime::now(),
-                    holder,
-                    pins,
-                    state: watch::channel(PodState::Created).0,
-                    containers: Mutex::new(HashMap::new()),
-                    runc,
-                    socket,
-                };
-                if let Err(e) = pod.save_record() {
-                    let _ = pod.holder.pidfd.signal(Signal::SIGKILL);
-                    let _ = files::remove_all(&pod.paths);
-                    return Err(e);
-                }
-                Ok(pod)
+        let mut undo = Undo {
+            armed: true,
+            paths: &paths,
+            holder: None,
+            cgroup: None,
+        };
+        let cgroup = match spec.cgroup_parent.is_empty() {
+            true => None,
+            false => {
+                let cg = PodCgroup::create(&Mode::detect()?, &spec.cgroup_parent, id)?;
+                undo.cgroup = Some(cg.clone());
+                Some(cg)
             }
-            Err(e) => {
-                let _ = files::remove_all(&paths);
-                Err(e)
-            }
-        }
-    }
-
-    fn build(
-        id: &str,
-        paths: &PodPaths,
-        spec: &PodSpec,
-    ) -> Result<(Holder, HashMap<String, PathBuf>)> {
-        files::write_files(paths, spec)?;
+        };
+        files::write_files(&paths, &spec)?;
         if spec.ipc == NsMode::Pod {
-            files::mount_shm(paths, files::SHM_SIZE_KIB)?;
+            files::mount_shm(&paths, files::SHM_SIZE_KIB)?;
         }
-        let holder = Holder::spawn(&HolderSpec {
+        let holder = undo.holder.insert(Holder::spawn(&HolderSpec {
             sandbox_id: id.to_string(),
             netns: spec.netns_path.clone(),
             new_ipc: spec.ipc == NsMode::Pod,
@@ -108,7 +91,11 @@ impl Pod {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-        })?;
+        })?);
+        if let Some(cg) = &cgroup {
+            cg.add(holder.pid)?;
+            cg.apply(&spec.resources)?;
+        }
         let mut kinds = Vec::new();
         if spec.network == NsMode::Pod {
             kinds.extend(["net", "uts"]);
@@ -116,13 +103,27 @@ impl Pod {
         if spec.ipc == NsMode::Pod {
             kinds.push("ipc");
         }
-        match pins::pin(paths, holder.pid, &kinds) {
-            Ok(made) => Ok((holder, made.into_iter().collect())),
-            Err(e) => {
-                let _ = holder.pidfd.signal(Signal::SIGKILL);
-                Err(e)
-            }
+        let pins = pins::pin(&paths, holder.pid, &kinds)?.into_iter().collect();
+        let holder = undo.holder.take().expect("spawned above");
+        let pod = Pod {
+            id: id.to_string(),
+            spec,
+            paths: paths.clone(),
+            created_at: SystemTime::now(),
+            holder,
+            pins,
+            cgroup,
+            state: watch::channel(PodState::Created).0,
+            containers: Mutex::new(HashMap::new()),
+            runc,
+            socket,
+        };
+        if let Err(e) = pod.save_record() {
+            undo.holder = Some(pod.holder);
+            return Err(e);
         }
+        undo.armed = false;
+        Ok(pod)
     }
 
     pub fn holder_pid(&self) -> i32 {
@@ -232,6 +233,7 @@ impl Pod {
             server_pid: std::process::id() as i32,
             socket: self.socket.clone(),
             holder_pid: self.holder.pid,
+            cgroup: self.cgroup.as_ref().map(|c| c.rel.clone()),
             runc_binary: self.runc.binary.clone(),
             runc_root: self.runc.root.clone(),
             containers,
@@ -281,7 +283,36 @@ impl Pod {
         if let Err(e) = files::remove_all(&self.paths) {
             first_err.get_or_insert(e);
         }
+        if let Some(Err(e)) = self.cgroup.as_ref().map(PodCgroup::remove) {
+            first_err.get_or_insert(e);
+        }
         let _ = std::fs::remove_file(self.paths.state_file());
         first_err.map_or(Ok(()), Err)
+    }
+}
+
+/// Undoes a half-built pod when dropped: kills the holder, removes files, mounts and cgroup.
+struct Undo<'a> {
+    /// Cleared once the pod is complete.
+    armed: bool,
+    paths: &'a PodPaths,
+    holder: Option<Holder>,
+    cgroup: Option<PodCgroup>,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(holder) = self.holder.take() {
+            let _ = holder.pidfd.signal(Signal::SIGKILL);
+            // Reap it (it is our child, or pid 1 of the pod reparented to us).
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(holder.pid), None);
+        }
+        let _ = files::remove_all(self.paths);
+        if let Some(cg) = self.cgroup.take() {
+            let _ = cg.remove();
+        }
     }
 }

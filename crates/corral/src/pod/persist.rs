@@ -15,6 +15,9 @@ pub struct Record {
     #[serde(default)]
     pub socket: Option<PathBuf>,
     pub holder_pid: i32,
+    /// The holder's cgroup (a cgroupfs path), removed by `delete`.
+    #[serde(default)]
+    pub cgroup: Option<String>,
     pub runc_binary: PathBuf,
     pub runc_root: PathBuf,
     /// (container id, bundle)
@@ -50,6 +53,7 @@ mod tests {
             server_pid: 1,
             socket: Some("/run/corral/s/x".into()),
             holder_pid: 2,
+            cgroup: Some("/kubepods/pod1/sb".into()),
             runc_binary: "runc".into(),
             runc_root: "/run/corral/runc/k8s.io".into(),
             containers: vec![("c1".into(), "/b/c1".into())],

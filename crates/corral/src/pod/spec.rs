@@ -52,6 +52,9 @@ pub struct PodSpec {
     /// Sysctls to apply in the pod's namespaces, containerd's defaults included.
     pub sysctls: BTreeMap<String, String>,
     pub cgroup_parent: String,
+    /// Resources for the sandbox cgroup (`linux.resources`).
+    #[serde(default)]
+    pub resources: crate::cgroups::Resources,
 }
 
 /// Decodes and validates CreateSandbox's `options` and `netns_path`.
@@ -151,6 +154,19 @@ pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpe
     }
 
     let sysctls = sysctl::resolve(&linux.sysctls, network, ipc)?;
+    if !linux.cgroup_parent.is_empty() {
+        crate::cgroups::path::resolve_parent(&linux.cgroup_parent)?;
+    }
+    let resources = linux
+        .resources
+        .as_ref()
+        .map(|r| crate::cgroups::Resources {
+            cpu_shares: (r.cpu_shares > 0).then_some(r.cpu_shares as u64),
+            cpu_quota: (r.cpu_quota != 0).then_some(r.cpu_quota),
+            cpu_period: (r.cpu_period > 0).then_some(r.cpu_period as u64),
+            memory_limit: (r.memory_limit_in_bytes > 0).then_some(r.memory_limit_in_bytes),
+        })
+        .unwrap_or_default();
 
     Ok(PodSpec {
         name: meta.name.clone(),
@@ -164,6 +180,7 @@ pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpe
         dns,
         sysctls,
         cgroup_parent: linux.cgroup_parent,
+        resources,
     })
 }
 

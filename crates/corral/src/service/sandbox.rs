@@ -11,6 +11,7 @@ use containerd_shim_protos::types::platform::Platform;
 use ttrpc::r#async::TtrpcContext;
 
 use super::{traced, Shim};
+use crate::cgroups;
 use crate::error::{Error, Result};
 use crate::events::timestamp;
 use crate::pod::{spec, Pod, PodState};
@@ -211,10 +212,21 @@ impl Sandbox for SandboxService {
         req: SandboxMetricsRequest,
     ) -> ttrpc::Result<SandboxMetricsResponse> {
         traced("SandboxMetrics", &req.sandbox_id, async {
-            self.shim.pod(&req.sandbox_id)?;
-            Err::<SandboxMetricsResponse, _>(Error::Unimplemented(
-                "SandboxMetrics: pod cgroup metrics are not implemented yet".into(),
-            ))
+            let pod = self.shim.pod(&req.sandbox_id)?;
+            if pod.spec.cgroup_parent.is_empty() {
+                return Err(Error::precondition(format!(
+                    "sandbox {}: no cgroup_parent, so no pod cgroup to measure",
+                    pod.id
+                )));
+            }
+            let rel = cgroups::path::resolve_parent(&pod.spec.cgroup_parent)?;
+            let data = cgroups::stats::read(&cgroups::Mode::detect()?, &rel)?;
+            let mut resp = SandboxMetricsResponse::default();
+            let metric = resp.metrics.mut_or_insert_default();
+            metric.id = pod.id.clone();
+            metric.timestamp = timestamp(std::time::SystemTime::now());
+            metric.data = MessageField::some(data);
+            Ok(resp)
         })
         .await
     }

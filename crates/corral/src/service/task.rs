@@ -331,7 +331,15 @@ impl Task for TaskService {
 
     async fn stats(&self, _: &TtrpcContext, req: StatsRequest) -> ttrpc::Result<StatsResponse> {
         traced("Stats", &req.id, async {
-            self.unimplemented(&req.id, "Stats (cgroup metrics)")
+            let (_, c) = self.container(&req.id)?;
+            let rel = c.cgroup.as_deref().ok_or_else(|| {
+                Error::precondition(format!("container {}: its spec names no cgroup", c.id))
+            })?;
+            let stats = crate::cgroups::stats::read(&crate::cgroups::Mode::detect()?, rel)?;
+            Ok(StatsResponse {
+                stats: containerd_shim_protos::protobuf::MessageField::some(stats),
+                ..Default::default()
+            })
         })
         .await
     }

@@ -82,6 +82,9 @@ async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
         let _ = kill(Pid::from_raw(record.holder_pid), Signal::SIGKILL);
     }
     let _ = files::remove_all(paths);
+    if let (Some(rel), Ok(mode)) = (&record.cgroup, crate::cgroups::Mode::detect()) {
+        let _ = crate::cgroups::remove_dirs(&mode, rel);
+    }
     if let Some(socket) = &record.socket {
         let _ = std::fs::remove_file(socket);
     }

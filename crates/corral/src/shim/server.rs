@@ -67,6 +67,7 @@ async fn serve(args: &Args) -> Result<()> {
         server_pid: std::process::id() as i32,
         socket: args.socket.clone(),
         holder_pid: 0,
+        cgroup: None,
         runc_binary: runc.binary.clone(),
         runc_root: runc.root.clone(),
         containers: Vec::new(),

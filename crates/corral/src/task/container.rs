@@ -22,6 +22,8 @@ pub struct Container {
     pub id: String,
     pub bundle: PathBuf,
     pub init: Arc<Process>,
+    /// The container's cgroup (a cgroupfs path) from its spec, for stats.
+    pub cgroup: Option<String>,
     execs: Mutex<HashMap<String, Exec>>,
 }
 
@@ -83,6 +85,10 @@ impl Container {
         let mut spec: Value = serde_json::from_slice(&raw)
             .map_err(|e| Error::invalid(format!("{}: not JSON: {e}", config_path.display())))?;
         oci::rewrite(&mut spec, pod)?;
+        let cgroup = match spec.pointer("/linux/cgroupsPath").and_then(Value::as_str) {
+            Some(p) if !p.is_empty() => Some(crate::cgroups::path::resolve_container(p)?),
+            _ => None,
+        };
         let io = stdio::open(&req.stdin, &req.stdout, &req.stderr)?;
         let init = Arc::new(Process::new(
             &req.id,
@@ -115,6 +121,7 @@ impl Container {
             id: req.id.clone(),
             bundle,
             init,
+            cgroup,
             execs: Mutex::new(HashMap::new()),
         })
     }

@@ -1,0 +1,302 @@
+//! The pod's cgroup: the holder lives in `<cgroup_parent>/<sandbox id>` (where containerd's pause
+//! container lived), carrying the pod's sandbox resources; metrics of the pod (`cgroup_parent`)
+//! and of containers are read from cgroupfs, on cgroup v1 (also hybrid) and v2.
+//!
+//! Hand-written rather than through `cgroups-rs`: corral needs mkdir, one write per controller
+//! and a handful of stat files, while cgroups-rs 0.5 adds 53 crates to the shim (a D-Bus stack and
+//! a second `nix`), measured with `cargo tree`.
+
+pub mod path;
+pub mod stats;
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, IoContext, Result};
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+
+/// How the host mounts cgroups.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// One v1 hierarchy per mount: (controllers, mount point).
+    V1(Vec<(Vec<String>, PathBuf)>),
+    /// The unified hierarchy.
+    V2(PathBuf),
+}
+
+impl Mode {
+    /// Reads the host's cgroup layout. Hybrid hosts (v1 controllers plus an empty unified
+    /// hierarchy) count as v1: that is where the controllers are.
+    pub fn detect() -> Result<Mode> {
+        let stat =
+            nix::sys::statfs::statfs(CGROUP_ROOT).with_path("statfs", Path::new(CGROUP_ROOT))?;
+        if stat.filesystem_type().0 as i64 == CGROUP2_SUPER_MAGIC {
+            return Ok(Mode::V2(PathBuf::from(CGROUP_ROOT)));
+        }
+        let info = std::fs::read_to_string("/proc/self/mountinfo")
+            .with_path("read", Path::new("/proc/self/mountinfo"))?;
+        let known = std::fs::read_to_string("/proc/cgroups")
+            .with_path("read", Path::new("/proc/cgroups"))?;
+        Ok(Mode::V1(parse_v1_mounts(&info, &controllers(&known))))
+    }
+
+    pub fn is_v2(&self) -> bool {
+        matches!(self, Mode::V2(_))
+    }
+
+    /// The directories of cgroup `rel` (an absolute cgroup path like "/kubepods/pod1/x").
+    pub fn dirs(&self, rel: &str) -> Vec<PathBuf> {
+        let rel = rel.trim_start_matches('/');
+        match self {
+            Mode::V2(root) => vec![root.join(rel)],
+            Mode::V1(mounts) => mounts.iter().map(|(_, mp)| mp.join(rel)).collect(),
+        }
+    }
+
+    /// The directory of cgroup `rel` for `controller` (v2: the one directory).
+    pub fn dir_of(&self, controller: &str, rel: &str) -> Option<PathBuf> {
+        let rel = rel.trim_start_matches('/');
+        match self {
+            Mode::V2(root) => Some(root.join(rel)),
+            Mode::V1(mounts) => mounts
+                .iter()
+                .find(|(ctrls, _)| ctrls.iter().any(|c| c == controller))
+                .map(|(_, mp)| mp.join(rel)),
+        }
+    }
+}
+
+/// Controller names the kernel knows, from /proc/cgroups.
+fn controllers(proc_cgroups: &str) -> Vec<String> {
+    proc_cgroups
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
+}
+
+/// v1 hierarchies from mountinfo: fstype `cgroup`, controllers among the super options.
+fn parse_v1_mounts(mountinfo: &str, known: &[String]) -> Vec<(Vec<String>, PathBuf)> {
+    let mut out = Vec::new();
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut r = right.split(' ');
+        if r.next() != Some("cgroup") {
+            continue;
+        }
+        let super_opts = r.nth(1).unwrap_or_default();
+        let Some(mount_point) = left.split(' ').nth(4) else {
+            continue;
+        };
+        let ctrls: Vec<String> = super_opts
+            .split(',')
+            .filter(|o| known.iter().any(|k| k == o))
+            .map(str::to_string)
+            .collect();
+        // Named hierarchies without controllers (name=systemd) carry no resources.
+        if ctrls.is_empty() {
+            continue;
+        }
+        out.push((ctrls, PathBuf::from(mount_point)));
+    }
+    out
+}
+
+/// The holder's cgroup, created by corral and removed by it.
+#[derive(Clone, Debug)]
+pub struct PodCgroup {
+    pub rel: String,
+    mode: Mode,
+}
+
+/// What the pod asks for its sandbox cgroup (LinuxPodSandboxConfig.resources).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Resources {
+    pub cpu_shares: Option<u64>,
+    pub cpu_quota: Option<i64>,
+    pub cpu_period: Option<u64>,
+    pub memory_limit: Option<i64>,
+}
+
+impl PodCgroup {
+    /// Creates `<parent>/<sandbox id>` in every hierarchy. Parents kubelet has not made yet are
+    /// created too (and left for kubelet, which owns them).
+    pub fn create(mode: &Mode, parent: &str, sandbox_id: &str) -> Result<PodCgroup> {
+        let rel = format!(
+            "{}/{}",
+            path::resolve_parent(parent)?.trim_end_matches('/'),
+            sandbox_id
+        );
+        for dir in mode.dirs(&rel) {
+            std::fs::create_dir_all(&dir).with_path("create cgroup", &dir)?;
+        }
+        if let Some(cpuset) = mode.dir_of("cpuset", &rel).filter(|_| !mode.is_v2()) {
+            inherit_cpuset(&cpuset)?;
+        }
+        Ok(PodCgroup {
+            rel,
+            mode: mode.clone(),
+        })
+    }
+
+    pub fn add(&self, pid: i32) -> Result<()> {
+        for dir in self.mode.dirs(&self.rel) {
+            let procs = dir.join("cgroup.procs");
+            std::fs::write(&procs, pid.to_string()).with_path("join", &procs)?;
+        }
+        Ok(())
+    }
+
+    /// Applies the sandbox's resources; containerd gives the pause container 2 CPU shares when
+    /// the pod says nothing, and so does corral.
+    pub fn apply(&self, res: &Resources) -> Result<()> {
+        let shares = res.cpu_shares.unwrap_or(2);
+        match &self.mode {
+            Mode::V1(_) => {
+                self.write("cpu", "cpu.shares", &shares.to_string())?;
+                if let Some(period) = res.cpu_period {
+                    self.write("cpu", "cpu.cfs_period_us", &period.to_string())?;
+                }
+                if let Some(quota) = res.cpu_quota {
+                    self.write("cpu", "cpu.cfs_quota_us", &quota.to_string())?;
+                }
+                if let Some(limit) = res.memory_limit.filter(|l| *l > 0) {
+                    self.write("memory", "memory.limit_in_bytes", &limit.to_string())?;
+                }
+            }
+            Mode::V2(_) => {
+                self.write("cpu", "cpu.weight", &shares_to_weight(shares).to_string())?;
+                if let Some(quota) = res.cpu_quota.filter(|q| *q > 0) {
+                    self.write(
+                        "cpu",
+                        "cpu.max",
+                        &format!("{quota} {}", res.cpu_period.unwrap_or(100_000)),
+                    )?;
+                }
+                if let Some(limit) = res.memory_limit.filter(|l| *l > 0) {
+                    self.write("memory", "memory.max", &limit.to_string())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&self, controller: &str, file: &str, value: &str) -> Result<()> {
+        let Some(dir) = self.mode.dir_of(controller, &self.rel) else {
+            return Ok(());
+        };
+        let path = dir.join(file);
+        std::fs::write(&path, value).with_path(&format!("write {value:?} to"), &path)
+    }
+
+    /// Removes the cgroup (its processes must be gone). Missing directories are fine.
+    pub fn remove(&self) -> Result<()> {
+        remove_dirs(&self.mode, &self.rel)
+    }
+}
+
+/// Removes cgroup `rel` in every hierarchy, retrying briefly while the kernel finishes
+/// tearing down exited processes.
+pub fn remove_dirs(mode: &Mode, rel: &str) -> Result<()> {
+    for dir in mode.dirs(rel) {
+        let mut last = Ok(());
+        for _ in 0..50 {
+            last = match std::fs::remove_dir(&dir) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e),
+            };
+            if last.is_ok() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        last.with_path("remove cgroup", &dir)?;
+    }
+    Ok(())
+}
+
+/// A new v1 cpuset cgroup has empty cpus/mems and refuses tasks: copy them down from the
+/// nearest ancestor that has them.
+fn inherit_cpuset(dir: &Path) -> Result<()> {
+    let mut chain = Vec::new();
+    let mut cur = Some(dir);
+    while let Some(d) = cur {
+        let cpus = std::fs::read_to_string(d.join("cpuset.cpus")).unwrap_or_default();
+        if !cpus.trim().is_empty() {
+            break;
+        }
+        chain.push(d.to_path_buf());
+        cur = d.parent();
+    }
+    for d in chain.iter().rev() {
+        let parent = d
+            .parent()
+            .ok_or_else(|| Error::invalid("cpuset cgroup without a parent"))?;
+        for file in ["cpuset.cpus", "cpuset.mems"] {
+            let value =
+                std::fs::read_to_string(parent.join(file)).with_path("read", &parent.join(file))?;
+            std::fs::write(d.join(file), value.trim()).with_path("write", &d.join(file))?;
+        }
+    }
+    Ok(())
+}
+
+/// cgroup v1 cpu.shares -> v2 cpu.weight, the conversion runc and the kernel docs use.
+pub fn shares_to_weight(shares: u64) -> u64 {
+    if shares == 0 {
+        return 0;
+    }
+    1 + ((shares.clamp(2, 262_144) - 2) * 9999) / 262_142
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_v1_hierarchies_in_a_hybrid_mountinfo() {
+        let info = "\
+35 25 0:30 / /sys/fs/cgroup/unified rw,nosuid shared:10 - cgroup2 cgroup2 rw,nsdelegate
+36 25 0:31 / /sys/fs/cgroup/systemd rw shared:11 - cgroup cgroup rw,xattr,name=systemd
+39 25 0:34 / /sys/fs/cgroup/cpu,cpuacct rw shared:15 - cgroup cgroup rw,cpu,cpuacct
+40 25 0:35 / /sys/fs/cgroup/memory rw shared:16 - cgroup cgroup rw,memory
+41 25 0:36 / /proc/x rw - proc proc rw
+";
+        let known = controllers("#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpu\t1\t1\t1\ncpuacct\t1\t1\t1\nmemory\t2\t1\t1\n");
+        let got = parse_v1_mounts(info, &known);
+        assert_eq!(
+            got,
+            vec![
+                (
+                    vec!["cpu".to_string(), "cpuacct".to_string()],
+                    PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")
+                ),
+                (
+                    vec!["memory".to_string()],
+                    PathBuf::from("/sys/fs/cgroup/memory")
+                ),
+            ]
+        );
+        let mode = Mode::V1(got);
+        assert_eq!(
+            mode.dir_of("cpuacct", "/a/b"),
+            Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/a/b"))
+        );
+        assert_eq!(mode.dir_of("pids", "/a"), None);
+        assert_eq!(
+            Mode::V2("/sys/fs/cgroup".into()).dirs("/a"),
+            vec![PathBuf::from("/sys/fs/cgroup/a")]
+        );
+    }
+
+    #[test]
+    fn converts_shares_to_weight_like_runc() {
+        assert_eq!(shares_to_weight(2), 1);
+        assert_eq!(shares_to_weight(1024), 39);
+        assert_eq!(shares_to_weight(262_144), 10_000);
+    }
+}
