@@ -138,3 +138,86 @@ async fn host_ipc_uses_the_node_ipc_namespace_and_dev_shm() -> Result<()> {
     cri.stop_and_remove_pod(&pod).await.context("teardown")?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_pid_mode_joins_another_container_and_host_pid_uses_the_node() -> Result<()> {
+    let rig = Rig::start(Options::default()).await?;
+    let mut cri = rig.cri().await?;
+
+    // TARGET (ephemeral containers): b joins a's pid namespace.
+    let cfg = pod_config("target", &log_dir(&rig.dir, "target"));
+    let pod = cri.run_pod(&cfg, "corral").await?;
+    let a = cri
+        .run_container(&pod, &cfg, &container_config("a", "exec sleep 1000"))
+        .await?;
+    let mut b = container_config("b", "exec sleep 1001");
+    {
+        let ns = b
+            .linux
+            .as_mut()
+            .unwrap()
+            .security_context
+            .as_mut()
+            .unwrap()
+            .namespace_options
+            .as_mut()
+            .unwrap();
+        ns.pid = NamespaceMode::Target as i32;
+        ns.target_id = a.clone();
+    }
+    let b = cri.run_container(&pod, &cfg, &b).await?;
+    let (pa, pb) = (cri.container_pid(&a).await?, cri.container_pid(&b).await?);
+    assert_eq!(
+        probe::ns(pb, "pid")?,
+        probe::ns(pa, "pid")?,
+        "b is in a's pid namespace"
+    );
+    let (_, ps, _) = cri.exec_sync(&b, &["ps", "-o", "args"]).await?;
+    assert!(ps.contains("sleep 1000"), "b sees a's init: {ps}");
+    cri.stop_and_remove_pod(&pod).await?;
+
+    // hostPID: the holder stays in the node's pid namespace, and so do NODE-mode containers.
+    let mut cfg = pod_config("host-pid", &log_dir(&rig.dir, "host-pid"));
+    set_modes(&mut cfg, NamespaceMode::Node, NamespaceMode::Pod);
+    let pod = cri.run_pod(&cfg, "corral").await?;
+    let mut c = container_config("app", "exec sleep 1000");
+    set_container_modes(&mut c, NamespaceMode::Node, NamespaceMode::Pod);
+    let c = cri.run_container(&pod, &cfg, &c).await?;
+    let pid = cri.container_pid(&c).await?;
+    assert_eq!(
+        probe::ns(pid, "pid")?,
+        probe::ns(std::process::id(), "pid")?,
+        "node pid namespace"
+    );
+    let (_, out, _) = cri
+        .exec_sync(&c, &["cat", &format!("/proc/{}/comm", std::process::id())])
+        .await?;
+    assert!(!out.is_empty(), "the container sees node processes");
+    cri.stop_and_remove_pod(&pod).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_tries_to_be_the_last_oom_victim_and_a_refusal_does_not_fail_the_pod(
+) -> Result<()> {
+    let rig = Rig::start(Options::default()).await?;
+    let mut cri = rig.cri().await?;
+    let cfg = pod_config("oom-adj", &log_dir(&rig.dir, "oom-adj"));
+    let pod = cri.run_pod(&cfg, "corral").await?;
+    let holder = probe::pids_with_cmdline(&pod)
+        .into_iter()
+        .find(|p| probe::cmdline(*p as u32).iter().any(|a| a == "holder"))
+        .context("holder")?;
+    let adj: i32 = std::fs::read_to_string(format!("/proc/{holder}/oom_score_adj"))?
+        .trim()
+        .parse()?;
+    // Where the host allows it, -998 (as the pause container); root without CAP_SYS_RESOURCE
+    // (this machine) keeps the inherited value, and the pod is READY either way.
+    let inherited: i32 = std::fs::read_to_string("/proc/self/oom_score_adj")?
+        .trim()
+        .parse()?;
+    assert!(adj == -998 || adj == inherited, "oom_score_adj {adj}");
+    assert!(cri.pod_ready(&pod).await?);
+    cri.stop_and_remove_pod(&pod).await?;
+    Ok(())
+}

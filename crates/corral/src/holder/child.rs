@@ -13,6 +13,9 @@ use nix::unistd::{fork, getpid, sethostname, ForkResult};
 use super::{HolderSpec, Report};
 use crate::pod::sysctl;
 
+/// containerd's oom_score_adj for the pause container.
+pub const OOM_SCORE_ADJ: i32 = -998;
+
 /// Entry point for `containerd-shim-corral-v2 holder <sandbox id>`. Never returns.
 pub fn main() -> ! {
     let mut input = String::new();
@@ -57,6 +60,9 @@ pub fn main() -> ! {
 
 /// Joins and creates the pod's namespaces, sets hostname and sysctls. Errors name the step.
 fn enter_pod(spec: &HolderSpec) -> Result<(), (String, String)> {
+    // Like the pause container: the last process the OOM killer should pick. Root without
+    // CAP_SYS_RESOURCE cannot lower it; the pod does not depend on it.
+    let _ = std::fs::write("/proc/self/oom_score_adj", OOM_SCORE_ADJ.to_string());
     if let Some(netns) = &spec.netns {
         let step = || format!("join network namespace {}", netns.display());
         let file = File::open(netns).map_err(|e| (step(), e.to_string()))?;
