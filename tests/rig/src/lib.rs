@@ -8,6 +8,7 @@
 //! - [`probe`]: facts read from /proc and the mount table, never from corral's own answers.
 
 pub mod cri;
+pub mod direct;
 pub mod probe;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,281 @@
+//! Below CRI: a corral shim driven directly over ttrpc, as containerd does. Covers what CRI
+//! cannot reach on containerd 2.1.9 (hostNetwork pods crash it before any shim runs), the
+//! grouped-shim rule (TaskService.Shutdown after a container's deletion must not end the shim;
+//! containerd main sends it every time), precise errors, and the `delete` subcommand run twice.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use containerd_shim_protos::api::*;
+use containerd_shim_protos::protobuf::Message;
+use containerd_shim_protos::sandbox_api::*;
+use corral_rig::cri::pod_config;
+use corral_rig::direct::{container_bundle, ctx, pod_options, DirectShim};
+use corral_rig::{eventually, probe};
+use k8s_cri::v1::NamespaceMode;
+
+fn host(kind: &str) -> String {
+    probe::ns(std::process::id(), kind).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> Result<()> {
+    let id = format!("hostnet-{}", std::process::id());
+    let shim = DirectShim::start(&id).await?;
+    let mut cfg = pod_config("hostnet", &shim.dir);
+    {
+        let ns = cfg
+            .linux
+            .as_mut()
+            .unwrap()
+            .security_context
+            .as_mut()
+            .unwrap()
+            .namespace_options
+            .as_mut()
+            .unwrap();
+        ns.network = NamespaceMode::Node as i32;
+    }
+    let create = CreateSandboxRequest {
+        sandbox_id: id.clone(),
+        bundle_path: shim.bundle.display().to_string(),
+        options: pod_options(&cfg),
+        netns_path: String::new(),
+        ..Default::default()
+    };
+    shim.sandbox.create_sandbox(ctx(), &create).await?;
+    let started = shim
+        .sandbox
+        .start_sandbox(
+            ctx(),
+            &StartSandboxRequest {
+                sandbox_id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let holder = started.pid;
+    assert_eq!(
+        probe::ns(holder, "net")?,
+        host("net"),
+        "hostNetwork: node network"
+    );
+    assert_eq!(
+        probe::ns(holder, "uts")?,
+        host("uts"),
+        "hostNetwork: node UTS, as containerd does"
+    );
+    assert_ne!(
+        probe::ns(holder, "ipc")?,
+        host("ipc"),
+        "but the pod's own IPC"
+    );
+
+    // A container, created the way containerd's task manager does it.
+    let cid = format!("{id}-c1");
+    let (bundle, rootfs) = container_bundle(&shim.dir, &cid, holder, &["sleep", "1000"])?;
+    std::fs::write(bundle.join("sandbox"), &id)?;
+    let created = shim
+        .task
+        .create(
+            ctx(),
+            &CreateTaskRequest {
+                id: cid.clone(),
+                bundle: bundle.display().to_string(),
+                rootfs: rootfs.into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    shim.task
+        .start(
+            ctx(),
+            &StartRequest {
+                id: cid.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert_eq!(probe::ns(created.pid, "net")?, host("net"));
+    assert_eq!(probe::ns(created.pid, "uts")?, host("uts"));
+    assert_eq!(probe::ns(created.pid, "ipc")?, probe::ns(holder, "ipc")?);
+
+    // Unknown ids are NotFound, by name.
+    let err = shim
+        .task
+        .state(
+            ctx(),
+            &StateRequest {
+                id: "nope".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{err:?}").contains("NOT_FOUND")
+            && format!("{err:?}").contains("container nope: not found"),
+        "{err:?}"
+    );
+
+    shim.task
+        .kill(
+            ctx(),
+            &KillRequest {
+                id: cid.clone(),
+                signal: 9,
+                ..Default::default()
+            },
+        )
+        .await?;
+    let waited = shim
+        .task
+        .wait(
+            ctx(),
+            &WaitRequest {
+                id: cid.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert_eq!(waited.exit_status, 137);
+    let deleted = shim
+        .task
+        .delete(
+            ctx(),
+            &DeleteRequest {
+                id: cid.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert_eq!(deleted.exit_status, 137);
+
+    // containerd main: Shutdown after every task deletion. The pod lives on, and so does the shim.
+    shim.task
+        .shutdown(
+            ctx(),
+            &ShutdownRequest {
+                id: cid.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let status = shim
+        .sandbox
+        .sandbox_status(
+            ctx(),
+            &SandboxStatusRequest {
+                sandbox_id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert_eq!(
+        status.state, "SANDBOX_READY",
+        "the shim survived TaskService.Shutdown"
+    );
+
+    // And a new container in the same pod works.
+    let cid2 = format!("{id}-c2");
+    let (bundle2, rootfs2) = container_bundle(&shim.dir, &cid2, holder, &["sh", "-c", "exit 4"])?;
+    shim.task
+        .create(
+            ctx(),
+            &CreateTaskRequest {
+                id: cid2.clone(),
+                bundle: bundle2.display().to_string(),
+                rootfs: rootfs2.into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    shim.task
+        .start(
+            ctx(),
+            &StartRequest {
+                id: cid2.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let waited = shim
+        .task
+        .wait(
+            ctx(),
+            &WaitRequest {
+                id: cid2.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert_eq!(waited.exit_status, 4);
+    shim.task
+        .delete(
+            ctx(),
+            &DeleteRequest {
+                id: cid2.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+
+    shim.sandbox
+        .stop_sandbox(
+            ctx(),
+            &StopSandboxRequest {
+                sandbox_id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let status = shim
+        .sandbox
+        .sandbox_status(
+            ctx(),
+            &SandboxStatusRequest {
+                sandbox_id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert_eq!(status.state, "SANDBOX_NOTREADY");
+    shim.sandbox
+        .shutdown_sandbox(
+            ctx(),
+            &ShutdownSandboxRequest {
+                sandbox_id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let socket = shim.socket.clone();
+    eventually(Duration::from_secs(3), || {
+        socket
+            .exists()
+            .then(|| "socket still there: the shim did not exit".into())
+    })
+    .await?;
+    assert!(
+        probe::pids_with_cmdline(&id).is_empty(),
+        "no process of the pod is left"
+    );
+
+    // containerd then runs `delete`; it must succeed with nothing to do, twice, and print a
+    // DeleteResponse.
+    for _ in 0..2 {
+        let (ok, out) = shim.delete_command(&id, &shim.bundle)?;
+        assert!(ok, "delete failed");
+        let resp = DeleteResponse::parse_from_bytes(&out).context("DeleteResponse")?;
+        assert_eq!(resp.exit_status, 137);
+    }
+    let (ok, _) = shim.delete_command(&cid, &bundle)?;
+    assert!(ok, "delete for a container id");
+    assert!(
+        probe::mounts_containing(&id).is_empty(),
+        "{:?}",
+        probe::mounts_containing(&id)
+    );
+    Ok(())
+}

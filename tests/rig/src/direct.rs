@@ -1,0 +1,169 @@
+//! Driving a corral shim directly over ttrpc, the way containerd does, for what CRI cannot
+//! reach on containerd 2.1.9 (hostNetwork pods crash it before any shim runs) and for Task API
+//! calls CRI never makes. The binary protocol is exercised for real: `start` prints the
+//! bootstrap JSON, `delete` prints a DeleteResponse.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use containerd_shim_protos::protobuf::well_known_types::any::Any;
+use containerd_shim_protos::protobuf::MessageField;
+use containerd_shim_protos::sandbox_async::SandboxClient;
+use containerd_shim_protos::shim_async::TaskClient;
+use containerd_shim_protos::types::mount::Mount;
+use prost::Message;
+
+/// containerd's namespace for direct shims (so nothing collides with CRI's k8s.io).
+pub const NAMESPACE: &str = "corral-direct";
+
+static DIRECT_CGROUPS_USED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+impl Drop for DirectShim {
+    /// Removes the bundle and the empty parent cgroup runc made for direct containers.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if DIRECT_CGROUPS_USED.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Ok(mounts) = std::fs::read_dir("/sys/fs/cgroup") {
+                for m in mounts.flatten() {
+                    let _ = std::fs::remove_dir(m.path().join("corral-direct"));
+                }
+            }
+        }
+    }
+}
+
+/// A shim started by hand, its bundle and its clients.
+pub struct DirectShim {
+    pub id: String,
+    pub dir: PathBuf,
+    pub bundle: PathBuf,
+    pub socket: PathBuf,
+    pub sandbox: SandboxClient,
+    pub task: TaskClient,
+}
+
+pub fn shim_binary() -> PathBuf {
+    crate::shim_dir().join("containerd-shim-corral-v2")
+}
+
+/// A 5 s ttrpc context.
+pub fn ctx() -> ttrpc::context::Context {
+    ttrpc::context::with_timeout(5_000_000_000)
+}
+
+impl DirectShim {
+    /// Runs `start` in a fresh bundle, as containerd would, and connects.
+    pub async fn start(id: &str) -> Result<DirectShim> {
+        let dir = PathBuf::from("/run/corral-rig/direct").join(id);
+        let _ = std::fs::remove_dir_all(&dir);
+        let bundle = dir.join("bundle");
+        std::fs::create_dir_all(bundle.join("rootfs"))?;
+        let out = Command::new(shim_binary())
+            .args([
+                "-namespace",
+                NAMESPACE,
+                "-address",
+                "/run/corral-rig/direct/none.sock",
+            ])
+            .args(["-publish-binary", "/bin/true", "-id", id, "start"])
+            .current_dir(&bundle)
+            .output()?;
+        if !out.status.success() {
+            bail!("start: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let reply: serde_json::Value =
+            serde_json::from_slice(&out.stdout).context("start prints JSON")?;
+        let address = reply["address"].as_str().context("address")?.to_string();
+        let socket = PathBuf::from(address.trim_start_matches("unix://"));
+        let client = ttrpc::asynchronous::Client::connect(&address).await?;
+        Ok(DirectShim {
+            id: id.into(),
+            dir,
+            bundle,
+            socket,
+            sandbox: SandboxClient::new(client.clone()),
+            task: TaskClient::new(client),
+        })
+    }
+
+    /// Runs the `delete` subcommand for `id` with `bundle`, as containerd does; returns the
+    /// exit status of the command and the bytes it printed.
+    pub fn delete_command(&self, id: &str, bundle: &Path) -> Result<(bool, Vec<u8>)> {
+        let out = Command::new(shim_binary())
+            .args([
+                "-namespace",
+                NAMESPACE,
+                "-address",
+                "/run/corral-rig/direct/none.sock",
+            ])
+            .args(["-publish-binary", "/bin/true", "-id", id, "-bundle"])
+            .arg(bundle)
+            .arg("delete")
+            .current_dir(bundle.parent().unwrap_or(Path::new("/")))
+            .output()?;
+        Ok((out.status.success(), out.stdout))
+    }
+}
+
+/// CreateSandbox options as containerd 2.1 sends them.
+pub fn pod_options(config: &k8s_cri::v1::PodSandboxConfig) -> MessageField<Any> {
+    let mut any = Any::new();
+    any.type_url = "runtime.v1.PodSandboxConfig".into();
+    any.value = config.encode_to_vec();
+    MessageField::some(any)
+}
+
+/// A container bundle for the direct shim: a busybox rootfs (bind mounted by the shim) and a
+/// `runc spec` config running `args`, with namespace paths as CRI writes them for `sandbox_pid`.
+pub fn container_bundle(
+    dir: &Path,
+    cid: &str,
+    sandbox_pid: u32,
+    args: &[&str],
+) -> Result<(PathBuf, Vec<Mount>)> {
+    let bundle = dir.join(cid);
+    let image = dir.join(format!("{cid}-image"));
+    std::fs::create_dir_all(bundle.join("rootfs"))?;
+    std::fs::create_dir_all(image.join("bin"))?;
+    for d in ["proc", "sys", "dev", "etc", "tmp"] {
+        std::fs::create_dir_all(image.join(d))?;
+    }
+    std::fs::copy("/bin/busybox", image.join("bin/busybox"))?;
+    std::fs::set_permissions(
+        image.join("bin/busybox"),
+        std::fs::Permissions::from_mode(0o755),
+    )?;
+    for applet in ["sh", "sleep", "cat", "hostname", "readlink", "echo", "ls"] {
+        let _ = std::os::unix::fs::symlink("busybox", image.join("bin").join(applet));
+    }
+    let status = Command::new("runc")
+        .arg("spec")
+        .current_dir(&bundle)
+        .status()?;
+    if !status.success() {
+        bail!("runc spec failed");
+    }
+    let path = bundle.join("config.json");
+    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    spec["process"]["args"] = serde_json::json!(args);
+    spec["process"]["terminal"] = serde_json::json!(false);
+    spec["root"]["readonly"] = serde_json::json!(true);
+    spec["linux"]["namespaces"] = serde_json::json!([
+        {"type": "pid"},
+        {"type": "ipc", "path": format!("/proc/{sandbox_pid}/ns/ipc")},
+        {"type": "uts", "path": format!("/proc/{sandbox_pid}/ns/uts")},
+        {"type": "mount"},
+        {"type": "network", "path": format!("/proc/{sandbox_pid}/ns/net")},
+    ]);
+    spec["linux"]["cgroupsPath"] = serde_json::json!(format!("/corral-direct/{cid}"));
+    DIRECT_CGROUPS_USED.store(true, std::sync::atomic::Ordering::SeqCst);
+    std::fs::write(&path, serde_json::to_vec_pretty(&spec)?)?;
+    let mut mount = Mount::new();
+    mount.type_ = "bind".into();
+    mount.source = image.display().to_string();
+    mount.options = vec!["rbind".into(), "ro".into()];
+    Ok((bundle, vec![mount]))
+}
