@@ -82,7 +82,7 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
             &CreateTaskRequest {
                 id: cid.clone(),
                 bundle: bundle.display().to_string(),
-                rootfs: rootfs.into(),
+                rootfs,
                 ..Default::default()
             },
         )
@@ -186,7 +186,7 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
             &CreateTaskRequest {
                 id: cid2.clone(),
                 bundle: bundle2.display().to_string(),
-                rootfs: rootfs2.into(),
+                rootfs: rootfs2,
                 ..Default::default()
             },
         )
