@@ -66,6 +66,18 @@ fn enter_pod(spec: &HolderSpec) -> Result<(), (String, String)> {
     if let Some(netns) = &spec.netns {
         let step = || format!("join network namespace {}", netns.display());
         let file = File::open(netns).map_err(|e| (step(), e.to_string()))?;
+        if spec.join_netns_owner {
+            // The user namespace first: the netns, and the namespaces created below, are then
+            // owned by it.
+            let owner = crate::sys::ns::owner_user_ns(&file).map_err(|e| {
+                (
+                    format!("find the user namespace owning {}", netns.display()),
+                    e.to_string(),
+                )
+            })?;
+            setns(owner.as_fd(), CloneFlags::CLONE_NEWUSER)
+                .map_err(|e| ("join the pod's user namespace".to_string(), e.to_string()))?;
+        }
         setns(file.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| {
             let why = if e == nix::errno::Errno::EINVAL {
                 " (not a network namespace)"

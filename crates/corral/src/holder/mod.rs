@@ -29,6 +29,9 @@ pub struct HolderSpec {
     pub sandbox_id: String,
     /// Join this network namespace (CRI's); `None` keeps the node's.
     pub netns: Option<PathBuf>,
+    /// First join the user namespace that owns `netns` (user namespace mode POD).
+    #[serde(default)]
+    pub join_netns_owner: bool,
     pub new_ipc: bool,
     pub new_uts: bool,
     /// Create a PID namespace; the reported pid is then pid 1 of it, which reaps the pod's orphans.

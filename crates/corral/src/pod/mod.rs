@@ -82,6 +82,7 @@ impl Pod {
         let holder = undo.holder.insert(Holder::spawn(&HolderSpec {
             sandbox_id: id.to_string(),
             netns: spec.netns_path.clone(),
+            join_netns_owner: spec.user_namespace,
             new_ipc: spec.ipc == NsMode::Pod,
             new_uts: spec.network == NsMode::Pod,
             new_pid: spec.pid == NsMode::Pod,
@@ -102,6 +103,9 @@ impl Pod {
         }
         if spec.ipc == NsMode::Pod {
             kinds.push("ipc");
+        }
+        if spec.user_namespace {
+            kinds.push("user");
         }
         let pins = pins::pin(&paths, holder.pid, &kinds)?.into_iter().collect();
         let holder = undo.holder.take().expect("spawned above");

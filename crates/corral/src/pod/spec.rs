@@ -52,6 +52,10 @@ pub struct PodSpec {
     /// Sysctls to apply in the pod's namespaces, containerd's defaults included.
     pub sysctls: BTreeMap<String, String>,
     pub cgroup_parent: String,
+    /// User namespace mode POD: the holder joins the user namespace that owns CRI's netns (CRI
+    /// made both), and every other pod namespace is created inside it. The mappings are CRI's.
+    #[serde(default)]
+    pub user_namespace: bool,
     /// Resources for the sandbox cgroup (`linux.resources`).
     #[serde(default)]
     pub resources: crate::cgroups::Resources,
@@ -103,6 +107,23 @@ pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpe
     )?;
     let ipc = mode("ipc", ns.ipc, &[NamespaceMode::Pod, NamespaceMode::Node])?;
 
+    let user_namespace = match ns.userns_options.as_ref().map(|u| u.mode) {
+        None => false,
+        Some(raw) => match NamespaceMode::try_from(raw) {
+            Ok(NamespaceMode::Node) => false,
+            Ok(NamespaceMode::Pod) if network == NsMode::Pod => true,
+            Ok(NamespaceMode::Pod) => {
+                return Err(Error::invalid(
+                    "PodSandboxConfig.linux.security_context.namespace_options.userns_options.mode: POD needs the pod's own network namespace",
+                ))
+            }
+            _ => {
+                return Err(Error::invalid(format!(
+                    "PodSandboxConfig.linux.security_context.namespace_options.userns_options.mode: {raw} is not POD or NODE"
+                )))
+            }
+        },
+    };
     let netns_path = match network {
         NsMode::Pod => {
             if netns_path.is_empty() {
@@ -153,7 +174,7 @@ pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpe
         }
     }
 
-    let sysctls = sysctl::resolve(&linux.sysctls, network, ipc)?;
+    let sysctls = sysctl::resolve(&linux.sysctls, network, ipc, user_namespace)?;
     if !linux.cgroup_parent.is_empty() {
         crate::cgroups::path::resolve_parent(&linux.cgroup_parent)?;
     }
@@ -180,6 +201,7 @@ pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpe
         dns,
         sysctls,
         cgroup_parent: linux.cgroup_parent,
+        user_namespace,
         resources,
     })
 }

@@ -7,10 +7,9 @@ use crate::error::{Error, Result};
 use crate::pod::spec::NsMode;
 
 /// Defaults containerd applies to pods with their own network namespace (unless set by the pod).
-const NET_DEFAULTS: [(&str, &str); 2] = [
-    ("net.ipv4.ip_unprivileged_port_start", "0"),
-    ("net.ipv4.ping_group_range", "0 2147483647"),
-];
+const UNPRIVILEGED_PORTS: (&str, &str) = ("net.ipv4.ip_unprivileged_port_start", "0");
+/// Only without a user namespace: inside one, the range must consist of mapped gids.
+const UNPRIVILEGED_ICMP: (&str, &str) = ("net.ipv4.ping_group_range", "0 2147483647");
 
 /// IPC-namespaced keys (besides `fs.mqueue.*`).
 const IPC_KEYS: [&str; 8] = [
@@ -29,6 +28,7 @@ pub fn resolve(
     requested: &std::collections::HashMap<String, String>,
     network: NsMode,
     ipc: NsMode,
+    user_namespace: bool,
 ) -> Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
     for (key, value) in requested {
@@ -44,7 +44,11 @@ pub fn resolve(
         out.insert(normalize(key), value.clone());
     }
     if network == NsMode::Pod {
-        for (k, v) in NET_DEFAULTS {
+        let mut defaults = vec![UNPRIVILEGED_PORTS];
+        if !user_namespace {
+            defaults.push(UNPRIVILEGED_ICMP);
+        }
+        for (k, v) in defaults {
             out.entry(k.to_string()).or_insert_with(|| v.to_string());
         }
     }
@@ -101,7 +105,13 @@ mod tests {
 
     #[test]
     fn accepts_namespaced_keys_and_adds_defaults() {
-        let got = resolve(&one("net/ipv4/ip_forward", "1"), NsMode::Pod, NsMode::Pod).unwrap();
+        let got = resolve(
+            &one("net/ipv4/ip_forward", "1"),
+            NsMode::Pod,
+            NsMode::Pod,
+            false,
+        )
+        .unwrap();
         assert_eq!(
             got.get("net.ipv4.ip_forward").map(String::as_str),
             Some("1")
@@ -110,7 +120,13 @@ mod tests {
             got.get("net.ipv4.ping_group_range").map(String::as_str),
             Some("0 2147483647")
         );
-        let got = resolve(&one("kernel.shmmax", "1000"), NsMode::Node, NsMode::Pod).unwrap();
+        let got = resolve(
+            &one("kernel.shmmax", "1000"),
+            NsMode::Node,
+            NsMode::Pod,
+            false,
+        )
+        .unwrap();
         assert_eq!(
             got.len(),
             1,
@@ -119,11 +135,19 @@ mod tests {
     }
 
     #[test]
+    fn no_icmp_default_inside_a_user_namespace() {
+        let got = resolve(&HashMap::new(), NsMode::Pod, NsMode::Pod, true).unwrap();
+        assert!(!got.contains_key("net.ipv4.ping_group_range"), "{got:?}");
+        assert_eq!(got["net.ipv4.ip_unprivileged_port_start"], "0");
+    }
+
+    #[test]
     fn a_pod_value_wins_over_the_default() {
         let got = resolve(
             &one("net.ipv4.ip_unprivileged_port_start", "1024"),
             NsMode::Pod,
             NsMode::Pod,
+            false,
         )
         .unwrap();
         assert_eq!(got["net.ipv4.ip_unprivileged_port_start"], "1024");
@@ -170,7 +194,9 @@ mod tests {
                 "control",
             ),
         ] {
-            let err = resolve(&one(k, v), net, ipc).unwrap_err().to_string();
+            let err = resolve(&one(k, v), net, ipc, false)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(&format!("sysctls[{k:?}]")), "{err}");
             assert!(err.contains(why), "{k}: {err}");
         }
