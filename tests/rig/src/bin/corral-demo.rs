@@ -88,6 +88,16 @@ async fn main() -> Result<()> {
         }
     );
 
+    // `corral-demo --hold SECS`: keep the pod running to look around before teardown.
+    let hold: u64 = std::env::args()
+        .skip_while(|a| a != "--hold")
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if hold > 0 {
+        println!("holding the pod for {hold} s (sandbox {pod})");
+        tokio::time::sleep(Duration::from_secs(hold)).await;
+    }
     cri.stop_and_remove_pod(&pod).await?;
     corral_rig::eventually(Duration::from_secs(3), || {
         let left = probe::pids_with_cmdline(&pod);
