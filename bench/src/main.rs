@@ -24,7 +24,10 @@ struct Args {
 }
 
 fn args() -> Result<Args> {
-    let mut a = Args { pods: 30, out: PathBuf::from("target/bench") };
+    let mut a = Args {
+        pods: 30,
+        out: PathBuf::from("target/bench"),
+    };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -59,7 +62,9 @@ async fn wait_for_idle() -> f64 {
     }
     let l = load();
     if l >= 1.0 {
-        progress(&format!("WARNING: the machine is busy (load {l:.2}); figures will be noisy"));
+        progress(&format!(
+            "WARNING: the machine is busy (load {l:.2}); figures will be noisy"
+        ));
     }
     l
 }
@@ -70,7 +75,11 @@ async fn main() -> Result<()> {
     let n = args.pods;
     let load_before = wait_for_idle().await;
     progress("starting a private containerd with the corral and runc handlers");
-    let rig = Rig::start(Options { pause_image: true, ..Default::default() }).await?;
+    let rig = Rig::start(Options {
+        pause_image: true,
+        ..Default::default()
+    })
+    .await?;
     let mut cri = rig.cri().await?;
     let containerd = rig.pid().context("containerd pid")?;
     let mut report = Report::new(n, load_before);
@@ -78,7 +87,8 @@ async fn main() -> Result<()> {
     // Warm caches for both: one pod with a container each, then gone.
     for h in HANDLERS {
         let (pod, cfg) = run_pod(&rig, &mut cri, h, "warm").await?;
-        cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
+        cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
+            .await?;
         cri.stop_and_remove_pod(&pod).await?;
     }
 
@@ -107,10 +117,30 @@ async fn main() -> Result<()> {
         }
     }
     let per_pod = |u: &Usage, f: fn(&Usage) -> f64| f(u) / n as f64;
-    report.push(Figure::single("per-pod RSS", "MiB", per_pod(&usage[0], |u| u.rss_kib / 1024.0), per_pod(&usage[1], |u| u.rss_kib / 1024.0)));
-    report.push(Figure::single("per-pod PSS", "MiB", per_pod(&usage[0], |u| u.pss_kib / 1024.0), per_pod(&usage[1], |u| u.pss_kib / 1024.0)));
-    report.push(Figure::single("per-pod CPU time", "ms", per_pod(&usage[0], |u| u.cpu_ms), per_pod(&usage[1], |u| u.cpu_ms)));
-    report.push(Figure::single("per-pod processes", "count", per_pod(&usage[0], |u| u.processes as f64), per_pod(&usage[1], |u| u.processes as f64)));
+    report.push(Figure::single(
+        "per-pod RSS",
+        "MiB",
+        per_pod(&usage[0], |u| u.rss_kib / 1024.0),
+        per_pod(&usage[1], |u| u.rss_kib / 1024.0),
+    ));
+    report.push(Figure::single(
+        "per-pod PSS",
+        "MiB",
+        per_pod(&usage[0], |u| u.pss_kib / 1024.0),
+        per_pod(&usage[1], |u| u.pss_kib / 1024.0),
+    ));
+    report.push(Figure::single(
+        "per-pod CPU time",
+        "ms",
+        per_pod(&usage[0], |u| u.cpu_ms),
+        per_pod(&usage[1], |u| u.cpu_ms),
+    ));
+    report.push(Figure::single(
+        "per-pod processes",
+        "count",
+        per_pod(&usage[0], |u| u.processes as f64),
+        per_pod(&usage[1], |u| u.processes as f64),
+    ));
 
     // 3. Teardown, alternating.
     let mut teardown: [Vec<f64>; 2] = Default::default();
@@ -129,7 +159,8 @@ async fn main() -> Result<()> {
         for (k, h) in HANDLERS.iter().enumerate() {
             let started = Instant::now();
             let (pod, cfg) = run_pod(&rig, &mut cri, h, &format!("full{i}")).await?;
-            cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
+            cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
+                .await?;
             full[k].push(started.elapsed().as_secs_f64() * 1000.0);
             cri.stop_and_remove_pod(&pod).await?;
         }
@@ -153,27 +184,55 @@ async fn main() -> Result<()> {
             }
         }
     }
-    report.push(Figure::single(&format!("{n} RunPodSandbox, 4 parallel"), "ms", wall[0], wall[1]));
-    report.push(Figure::single(&format!("containerd RSS growth, {n} pods"), "MiB", growth[0], growth[1]));
+    report.push(Figure::single(
+        &format!("{n} RunPodSandbox, 4 parallel"),
+        "ms",
+        wall[0],
+        wall[1],
+    ));
+    report.push(Figure::single(
+        &format!("containerd RSS growth, {n} pods"),
+        "MiB",
+        growth[0],
+        growth[1],
+    ));
     progress("throughput measured");
 
     report.load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     std::fs::create_dir_all(&args.out)?;
     println!("{}", report.table());
-    std::fs::write(args.out.join("bench.json"), serde_json::to_string_pretty(&report.json())?)?;
+    std::fs::write(
+        args.out.join("bench.json"),
+        serde_json::to_string_pretty(&report.json())?,
+    )?;
     std::fs::write(args.out.join("bench.svg"), report.svg())?;
-    progress(&format!("wrote {}/bench.json and bench.svg", args.out.display()));
+    progress(&format!(
+        "wrote {}/bench.json and bench.svg",
+        args.out.display()
+    ));
     Ok(())
 }
 
-async fn run_pod(rig: &Rig, cri: &mut Cri, handler: &str, name: &str) -> Result<(String, k8s_cri::v1::PodSandboxConfig)> {
+async fn run_pod(
+    rig: &Rig,
+    cri: &mut Cri,
+    handler: &str,
+    name: &str,
+) -> Result<(String, k8s_cri::v1::PodSandboxConfig)> {
     let name = format!("{handler}-{name}");
     let cfg = pod_config(&name, &log_dir(&rig.dir, &name));
     Ok((cri.run_pod(&cfg, handler).await?, cfg))
 }
 
 /// Creates `n` pods with at most `width` RunPodSandbox calls in flight.
-async fn parallel_pods(rig: &Rig, cri: &Cri, handler: &str, tag: &str, n: usize, width: usize) -> Result<Vec<String>> {
+async fn parallel_pods(
+    rig: &Rig,
+    cri: &Cri,
+    handler: &str,
+    tag: &str,
+    n: usize,
+    width: usize,
+) -> Result<Vec<String>> {
     let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(width));
     let tasks: Vec<_> = (0..n)
         .map(|i| {

@@ -18,7 +18,10 @@ impl Figure {
         Figure {
             name: name.into(),
             unit: unit.into(),
-            stats: [(corral, corral, corral, corral), (baseline, baseline, baseline, baseline)],
+            stats: [
+                (corral, corral, corral, corral),
+                (baseline, baseline, baseline, baseline),
+            ],
             distribution: false,
         }
     }
@@ -40,7 +43,12 @@ pub struct Report {
 
 impl Report {
     pub fn new(pods: usize, load_before: f64) -> Report {
-        Report { pods, load_before, load_after: String::new(), figures: Vec::new() }
+        Report {
+            pods,
+            load_before,
+            load_after: String::new(),
+            figures: Vec::new(),
+        }
     }
 
     pub fn push(&mut self, f: Figure) {
@@ -68,7 +76,10 @@ impl Report {
             self.load_before,
             self.load_after.split_whitespace().next().unwrap_or("?")
         );
-        out.push_str(&format!("{:<34} {:>26} {:>26} {:>8}\n", "figure", "corral p50 (p95) [min-max]", "pause p50 (p95) [min-max]", "ratio"));
+        out.push_str(&format!(
+            "{:<34} {:>26} {:>26} {:>8}\n",
+            "figure", "corral p50 (p95) [min-max]", "pause p50 (p95) [min-max]", "ratio"
+        ));
         for f in &self.figures {
             let cell = |s: (f64, f64, f64, f64)| {
                 if f.distribution {
@@ -149,5 +160,7 @@ impl Report {
 }
 
 fn xml(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }

@@ -256,9 +256,15 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
         self.child.as_ref().map(Child::id)
     }
 
-    /// Kills containerd with `signal` and starts it again on the same directories.
-    pub async fn restart(&mut self, signal: nix::sys::signal::Signal) -> Result<()> {
+    /// Kills containerd with `signal`, waits `downtime`, and starts it again on the same
+    /// directories.
+    pub async fn restart(
+        &mut self,
+        signal: nix::sys::signal::Signal,
+        downtime: Duration,
+    ) -> Result<()> {
         self.stop_daemon(signal);
+        tokio::time::sleep(downtime).await;
         self.spawn()?;
         self.wait_ready().await
     }

@@ -89,7 +89,7 @@ impl Container {
             Some(p) if !p.is_empty() => Some(crate::cgroups::path::resolve_container(p)?),
             _ => None,
         };
-        let io = stdio::open(&req.stdin, &req.stdout, &req.stderr)?;
+        let (io, kept) = stdio::open(&req.stdin, &req.stdout, &req.stderr)?;
         let init = Arc::new(Process::new(
             &req.id,
             Stdio {
@@ -99,6 +99,7 @@ impl Container {
                 terminal: req.terminal,
             },
         ));
+        init.keep_io(kept);
 
         let rootfs_dir = bundle.join("rootfs");
         if !req.rootfs.is_empty() {
@@ -246,11 +247,12 @@ impl Container {
             serde_json::to_vec(&spec).expect("JSON serializes"),
         )
         .with_path("write", &spec_file)?;
-        let io = stdio::open(
+        let (io, kept) = stdio::open(
             &process.stdio.stdin,
             &process.stdio.stdout,
             &process.stdio.stderr,
         )?;
+        process.keep_io(kept);
         let ran = runc
             .exec(&self.id, &self.bundle, &spec_file, &pid_file, io)
             .await;
@@ -284,6 +286,7 @@ impl Container {
                 )))
             }
         };
+        process.release_io();
         self.execs.lock().unwrap().remove(exec_id);
         Ok(exit)
     }
@@ -297,7 +300,9 @@ impl Container {
             )));
         }
         self.force_delete(runc).await?;
-        Ok(self.init.wait().await)
+        let exit = self.init.wait().await;
+        self.init.release_io();
+        Ok(exit)
     }
 
     /// Kills and removes whatever state the container is in; used on pod teardown.

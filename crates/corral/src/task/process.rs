@@ -44,6 +44,8 @@ pub struct Process {
     status: Mutex<Status>,
     exit: watch::Sender<Option<ExitInfo>>,
     pidfd: OnceLock<PidFd>,
+    /// Reader fds kept on the output FIFOs while the process lives (see `task::stdio`).
+    kept_io: Mutex<Vec<std::fs::File>>,
 }
 
 impl Process {
@@ -55,7 +57,18 @@ impl Process {
             status: Mutex::new(Status::Created),
             exit: watch::channel(None).0,
             pidfd: OnceLock::new(),
+            kept_io: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Keeps the output FIFOs' reader fds until [`Process::release_io`].
+    pub fn keep_io(&self, files: Vec<std::fs::File>) {
+        self.kept_io.lock().unwrap().extend(files);
+    }
+
+    /// Closes the kept FIFO fds (the process was deleted).
+    pub fn release_io(&self) {
+        self.kept_io.lock().unwrap().clear();
     }
 
     /// Records the process runc created, and starts watching it.

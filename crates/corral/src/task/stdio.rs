@@ -2,7 +2,10 @@
 //!
 //! No copy loop runs in corral: the init writes into the FIFO containerd reads. stdout and stderr
 //! are opened write-only once containerd's reader is there (CRI opens it before Task.Create), so
-//! the reader sees EOF when the container exits.
+//! the reader sees EOF when the container exits. corral also keeps a read-only fd on each output
+//! FIFO for the process's life and never reads it: while containerd restarts, the FIFO still has
+//! a reader, so the container blocks on a full pipe instead of dying of SIGPIPE, and containerd
+//! reads what was written once it is back.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
@@ -14,23 +17,32 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use crate::error::{Error, IoContext, Result};
 use crate::task::runc::CreateIo;
 
-/// Opens the three stdio paths of a Create request ("" = /dev/null).
-pub fn open(stdin: &str, stdout: &str, stderr: &str) -> Result<CreateIo> {
-    Ok(CreateIo {
+/// Opens the three stdio paths of a Create request ("" = /dev/null). Returns the process's
+/// stdio and the reader fds corral keeps (see the module doc).
+pub fn open(stdin: &str, stdout: &str, stderr: &str) -> Result<(CreateIo, Vec<File>)> {
+    let mut keep = Vec::new();
+    for (field, path) in [("stdout", stdout), ("stderr", stderr)] {
+        if let Some(path) = fifo_path(field, path)? {
+            let reader = OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(path)
+                .with_path(&format!("open {field} for keeping"), path)?;
+            keep.push(reader);
+        }
+    }
+    let io = CreateIo {
         stdin: open_one("stdin", stdin, Direction::In)?,
         stdout: open_one("stdout", stdout, Direction::Out)?,
         stderr: open_one("stderr", stderr, Direction::Out)?,
-    })
+    };
+    Ok((io, keep))
 }
 
-enum Direction {
-    In,
-    Out,
-}
-
-fn open_one(field: &str, uri: &str, dir: Direction) -> Result<Stdio> {
+/// The FIFO path of a stdio URI, or None for "".
+fn fifo_path<'a>(field: &str, uri: &'a str) -> Result<Option<&'a Path>> {
     if uri.is_empty() {
-        return Ok(Stdio::null());
+        return Ok(None);
     }
     if let Some((scheme, _)) = uri.split_once("://") {
         if scheme != "fifo" {
@@ -45,22 +57,27 @@ fn open_one(field: &str, uri: &str, dir: Direction) -> Result<Stdio> {
             "{field}: {uri:?} is not an absolute path"
         )));
     }
+    Ok(Some(path))
+}
+
+enum Direction {
+    In,
+    Out,
+}
+
+fn open_one(field: &str, uri: &str, dir: Direction) -> Result<Stdio> {
+    let Some(path) = fifo_path(field, uri)? else {
+        return Ok(Stdio::null());
+    };
     let file = match dir {
         // Read-write keeps the open from blocking before containerd's writer appears.
         Direction::In => OpenOptions::new().read(true).write(true).open(path),
+        // Never blocks or fails for want of a reader: corral holds one (see `open`).
         Direction::Out => OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_NONBLOCK)
-            .open(path),
-    };
-    let file = match (file, dir) {
-        (Ok(f), Direction::Out) => blocking(f),
-        (Ok(f), Direction::In) => Ok(f),
-        // No reader yet (ENXIO): hold both ends rather than fail the container.
-        (Err(e), Direction::Out) if e.raw_os_error() == Some(libc::ENXIO) => {
-            OpenOptions::new().read(true).write(true).open(path)
-        }
-        (Err(e), _) => Err(e),
+            .open(path)
+            .and_then(blocking),
     }
     .with_path(&format!("open {field}"), path)?;
     Ok(Stdio::from(file))
