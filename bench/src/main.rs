@@ -144,10 +144,10 @@ async fn main() -> Result<()> {
 
     // 3. Teardown, alternating.
     let mut teardown: [Vec<f64>; 2] = Default::default();
-    for i in 0..n {
-        for k in 0..2 {
+    for (corral_pod, pause_pod) in pods[0].iter().zip(&pods[1]) {
+        for (k, pod) in [corral_pod, pause_pod].into_iter().enumerate() {
             let started = Instant::now();
-            cri.stop_and_remove_pod(&pods[k][i]).await?;
+            cri.stop_and_remove_pod(pod).await?;
             teardown[k].push(started.elapsed().as_secs_f64() * 1000.0);
         }
     }

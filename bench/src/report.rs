@@ -124,7 +124,7 @@ impl Report {
         let (left, width) = (290.0, 420.0);
         let height = 60.0 + row * self.figures.len() as f64;
         // log2 scale from 1/32 to 2.
-        let x = |r: f64| left + width * ((r.max(1.0 / 32.0).min(2.0).log2() + 5.0) / 6.0);
+        let x = |r: f64| left + width * ((r.clamp(1.0 / 32.0, 2.0).log2() + 5.0) / 6.0);
         let mut s = format!(
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="760" height="{height}" font-family="sans-serif" font-size="13">
 <text x="10" y="22" font-size="15">corral / pause sandbox (lower is better, log scale), {} pods per handler</text>
