@@ -2,16 +2,11 @@
 
 use std::process::ExitCode;
 
-use corral::holder::{child, HOLDER_ARG};
 use corral::shim::args::{Action, Args};
 use corral::shim::{delete, server, start};
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
-    // The holder runs before anything else is set up: single-threaded, no runtime.
-    if argv.first().map(String::as_str) == Some(HOLDER_ARG) {
-        child::main();
-    }
     let args = match Args::parse(&argv) {
         Ok(args) => args,
         Err(e) => {
