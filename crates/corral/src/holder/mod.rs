@@ -119,7 +119,7 @@ impl HolderSpec {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default()
         };
-        let step = match step.and_then(|s| s.bytes().nth(1)) {
+        let step = match step.and_then(|s| s.as_bytes().get(1).copied()) {
             Some(protocol::STEP_READ_SPEC) => "read its spec".to_string(),
             Some(protocol::STEP_PARSE_SPEC) => "decode its spec".to_string(),
             Some(protocol::STEP_SIGNALS) => "block signals".to_string(),
