@@ -6,6 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-cargo build --release -p containerd-shim-corral-v2
+shim=$(bash scripts/build-release.sh)
 cargo build --release -p corral-bench
-CORRAL_SHIM_DIR="$PWD/target/release" exec target/release/corral-bench "$@"
+CORRAL_SHIM_DIR="$(dirname "$shim")" exec target/release/corral-bench "$@"

@@ -137,7 +137,7 @@ impl Container {
                 )))
             }
         }
-        runc.start(&self.id).await?;
+        runc.start(&self.id, || self.init.exit().is_none()).await?;
         self.init.set_running();
         Ok(())
     }

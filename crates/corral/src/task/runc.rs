@@ -128,8 +128,55 @@ impl Runc {
         })
     }
 
-    pub async fn start(&self, id: &str) -> Result<()> {
-        self.simple("start", id, &["start", id]).await.map(drop)
+    /// Starts a created container.
+    ///
+    /// runc's `start` does one thing: it opens the container's `exec.fifo` in runc's state
+    /// directory and reads the byte the waiting init writes, which lets the init exec the
+    /// container's process. corral does that itself when the FIFO is there, saving a runc
+    /// process (~10 ms, measured in the bench); otherwise (another OCI runtime, another layout)
+    /// it runs `runc start`.
+    /// `alive` tells whether the container's init still runs.
+    pub async fn start(&self, id: &str, alive: impl Fn() -> bool) -> Result<()> {
+        let fifo = self.root.join(id).join("exec.fifo");
+        if !fifo.exists() {
+            return self.simple("start", id, &["start", id]).await.map(drop);
+        }
+        let failed = |message: String| Error::Runtime {
+            op: "start",
+            id: id.into(),
+            message,
+        };
+        let mut rx = tokio::net::unix::pipe::OpenOptions::new()
+            .open_receiver(&fifo)
+            .map_err(|e| failed(format!("open {}: {e}", fifo.display())))?;
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            use tokio::io::AsyncReadExt;
+            loop {
+                match rx.read(&mut byte).await {
+                    // End of file before the init's write end is open (its blocked open
+                    // completes just after ours) or because it died: wait if it lives.
+                    Ok(0) if alive() => {
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await
+                    }
+                    other => return other,
+                }
+            }
+        })
+        .await;
+        match read {
+            Ok(Ok(1)) => {
+                let _ = std::fs::remove_file(&fifo);
+                Ok(())
+            }
+            Ok(Ok(_)) => Err(failed(
+                "the container's init exited before it was started".into(),
+            )),
+            Ok(Err(e)) => Err(failed(format!("read {}: {e}", fifo.display()))),
+            Err(_) => Err(failed(
+                "the container's init did not answer within 30 s".into(),
+            )),
+        }
     }
 
     pub async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<()> {
