@@ -1,4 +1,4 @@
-//! containerd restarts (SIGKILL and SIGTERM) while corral pods run: the pods stay READY, their
+//! containerd restarts (SIGKILL and SIGTERM) while ten corral pods run: the pods stay READY, their
 //! containers RUNNING, execs work, logs keep flowing, and teardown afterwards leaves nothing.
 
 use std::time::Duration;
@@ -14,7 +14,7 @@ async fn pods_survive_containerd_restarts() -> Result<()> {
     let mut rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
     let mut pods = Vec::new();
-    for i in 0..3 {
+    for i in 0..10 {
         let name = format!("survivor{i}");
         let logs = log_dir(&rig.dir, &name);
         let cfg = pod_config(&name, &logs);

@@ -139,3 +139,24 @@ async fn containers_see_the_pod_files_and_one_shm_like_on_the_pause_sandbox() ->
     assert_eq!(pause.readonly_write_fails, corral.readonly_write_fails);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_shm_size_is_configurable() -> Result<()> {
+    let rig = Rig::start(Options {
+        shim_env: vec!["CORRAL_SHM_SIZE=16Mi".into()],
+        ..Default::default()
+    })
+    .await?;
+    let mut cri = rig.cri().await?;
+    let cfg = pod_config("shm-size", &log_dir(&rig.dir, "shm-size"));
+    let pod = cri.run_pod(&cfg, "corral").await?;
+    let c = cri
+        .run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
+        .await?;
+    let (_, mounts, _) = cri
+        .exec_sync(&c, &["grep", " /dev/shm ", "/proc/mounts"])
+        .await?;
+    assert!(mounts.contains("size=16384k"), "{mounts}");
+    cri.stop_and_remove_pod(&pod).await?;
+    Ok(())
+}

@@ -46,6 +46,8 @@ pub struct Options {
     pub pause_image: bool,
     /// containerd log level (`CORRAL_RIG_LOG` overrides; default info).
     pub log_level: Option<String>,
+    /// Environment for shims, through containerd's shim-manager `env` (e.g. "CORRAL_SHM_SIZE=16Mi").
+    pub shim_env: Vec<String>,
 }
 
 /// A running private containerd.
@@ -129,7 +131,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral]
   runtime_type = "io.containerd.corral.v2"
   sandboxer = "shim"
+
+[plugins.'io.containerd.shim.v1.manager']
+  env = {shim_env}
 "#,
+            shim_env = format!("{:?}", self.options.shim_env),
             root = self.root.display(),
             state = self.state.display(),
             sock = self.socket.display(),

@@ -13,11 +13,40 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
-use crate::error::{IoContext, Result};
+use crate::error::{Error, IoContext, Result};
 use crate::pod::spec::{Dns, PodSpec};
 
 /// Default size of the pod's /dev/shm, as containerd's podsandbox controller uses.
 pub const SHM_SIZE_KIB: u64 = 65536;
+
+/// The pod shm size: `CORRAL_SHM_SIZE` (bytes, or with a K/M/G or Ki/Mi/Gi suffix) from the
+/// shim's environment (containerd's shim-manager `env` sets it), else 64 MiB.
+pub fn shm_size_kib() -> Result<u64> {
+    match std::env::var("CORRAL_SHM_SIZE") {
+        Ok(v) => parse_size_kib(&v).ok_or_else(|| {
+            Error::invalid(format!(
+                "CORRAL_SHM_SIZE: {v:?} is not a size (e.g. 65536k, 64Mi, 1G)"
+            ))
+        }),
+        Err(_) => Ok(SHM_SIZE_KIB),
+    }
+}
+
+/// "67108864", "65536k", "64Mi", "1G" -> KiB (at least 4 KiB).
+pub fn parse_size_kib(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(digits);
+    let n: u64 = num.parse().ok()?;
+    let bytes = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => n,
+        "k" | "ki" | "kb" => n.checked_mul(1 << 10)?,
+        "m" | "mi" | "mb" => n.checked_mul(1 << 20)?,
+        "g" | "gi" | "gb" => n.checked_mul(1 << 30)?,
+        _ => return None,
+    };
+    (bytes >= 4096).then_some(bytes / 1024)
+}
 
 /// Where a pod's files and mounts live inside its sandbox bundle.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -188,6 +217,17 @@ mod tests {
             "search ns.svc.cluster.local svc.cluster.local\nnameserver 10.96.0.10\nnameserver 10.96.0.11\noptions ndots:5\n"
         );
         assert_eq!(resolv_conf(&Dns::default()), "");
+    }
+
+    #[test]
+    fn parses_shm_sizes() {
+        assert_eq!(parse_size_kib("67108864"), Some(65536));
+        assert_eq!(parse_size_kib("65536k"), Some(65536));
+        assert_eq!(parse_size_kib("64Mi"), Some(65536));
+        assert_eq!(parse_size_kib("1G"), Some(1 << 20));
+        assert_eq!(parse_size_kib("12"), None, "below a page");
+        assert_eq!(parse_size_kib("64 lots"), None);
+        assert_eq!(parse_size_kib(""), None);
     }
 
     #[test]
