@@ -97,6 +97,7 @@ impl Rig {
             .ok()
             .or_else(|| self.options.log_level.clone())
             .unwrap_or_else(|| "info".into());
+        let shim_env = format!("{:?}", self.options.shim_env);
         let config = format!(
             r#"version = 3
 root = "{root}"
@@ -135,7 +136,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 [plugins.'io.containerd.shim.v1.manager']
   env = {shim_env}
 "#,
-            shim_env = format!("{:?}", self.options.shim_env),
+            shim_env = shim_env,
             root = self.root.display(),
             state = self.state.display(),
             sock = self.socket.display(),
