@@ -98,6 +98,22 @@ async fn the_holder_lives_in_the_pod_cgroup_and_stats_report_the_pod() -> Result
         "container CPU time reported by CRI: {cpu} ns"
     );
 
+    // UpdateContainerResources reaches the container's cgroup (Task.Update -> runc update).
+    cri.runtime
+        .update_container_resources(k8s_cri::v1::UpdateContainerResourcesRequest {
+            container_id: c.clone(),
+            linux: Some(LinuxContainerResources {
+                memory_limit_in_bytes: 128 << 20,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await?;
+    let limit = std::fs::read_to_string(
+        v1_dir("memory", &format!("{parent}/{c}")).join("memory.limit_in_bytes"),
+    )?;
+    assert_eq!(limit.trim(), (128u64 << 20).to_string());
+
     let pod_stats = cri
         .runtime
         .pod_sandbox_stats(PodSandboxStatsRequest {

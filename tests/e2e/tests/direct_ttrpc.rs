@@ -100,6 +100,65 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
     assert_eq!(probe::ns(created.pid, "uts")?, host("uts"));
     assert_eq!(probe::ns(created.pid, "ipc")?, probe::ns(holder, "ipc")?);
 
+    // Pause and Resume freeze and thaw the container's cgroup; State says PAUSED meanwhile.
+    let freezer = format!("/sys/fs/cgroup/freezer/corral-direct/{cid}/freezer.state");
+    shim.task
+        .pause(
+            ctx(),
+            &PauseRequest {
+                id: cid.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert_eq!(std::fs::read_to_string(&freezer)?.trim(), "FROZEN");
+    let state = shim
+        .task
+        .state(
+            ctx(),
+            &StateRequest {
+                id: cid.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert_eq!(
+        state.status,
+        containerd_shim_protos::types::task::Status::PAUSED.into()
+    );
+    shim.task
+        .resume(
+            ctx(),
+            &ResumeRequest {
+                id: cid.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert_eq!(std::fs::read_to_string(&freezer)?.trim(), "THAWED");
+
+    // Update applies new resources (OCI LinuxResources JSON, as containerd sends them).
+    let mut resources = containerd_shim_protos::protobuf::well_known_types::any::Any::new();
+    resources.type_url = "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources".into();
+    resources.value = br#"{"memory":{"limit":67108864}}"#.to_vec();
+    let update = UpdateTaskRequest {
+        id: cid.clone(),
+        resources: Some(resources).into(),
+        ..Default::default()
+    };
+    shim.task.update(ctx(), &update).await?;
+    let limit = std::fs::read_to_string(format!(
+        "/sys/fs/cgroup/memory/corral-direct/{cid}/memory.limit_in_bytes"
+    ))?;
+    assert_eq!(limit.trim(), "67108864");
+    let mut bad = update.clone();
+    bad.resources.as_mut().unwrap().value = b"[1]".to_vec();
+    let err = shim.task.update(ctx(), &bad).await.unwrap_err();
+    assert!(
+        format!("{err:?}").contains("resources.value: not a JSON object"),
+        "{err:?}"
+    );
+
     // Unknown ids are NotFound, by name.
     let err = shim
         .task

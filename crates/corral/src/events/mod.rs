@@ -5,7 +5,8 @@
 use std::time::SystemTime;
 
 use containerd_shim_protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskStart,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskPaused, TaskResumed,
+    TaskStart,
 };
 use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
@@ -56,6 +57,26 @@ impl Event {
         Event {
             topic: "/tasks/start",
             payload: any("containerd.events.TaskStart", &msg),
+        }
+    }
+    pub fn paused(container_id: &str) -> Event {
+        let msg = TaskPaused {
+            container_id: container_id.into(),
+            ..Default::default()
+        };
+        Event {
+            topic: "/tasks/paused",
+            payload: any("containerd.events.TaskPaused", &msg),
+        }
+    }
+    pub fn resumed(container_id: &str) -> Event {
+        let msg = TaskResumed {
+            container_id: container_id.into(),
+            ..Default::default()
+        };
+        Event {
+            topic: "/tasks/resumed",
+            payload: any("containerd.events.TaskResumed", &msg),
         }
     }
     pub fn exec_added(container_id: &str, exec_id: &str) -> Event {

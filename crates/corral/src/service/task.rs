@@ -155,6 +155,7 @@ impl TaskService {
         let status = match (p.status(), exit) {
             (_, Some(_)) | (Status::Stopped, _) => ApiStatus::STOPPED,
             (Status::Created, None) => ApiStatus::CREATED,
+            (Status::Running, None) if req.exec_id.is_empty() && c.is_paused() => ApiStatus::PAUSED,
             (Status::Running, None) => ApiStatus::RUNNING,
         };
         Ok(StateResponse {
@@ -247,14 +248,20 @@ impl Task for TaskService {
 
     async fn pause(&self, _: &TtrpcContext, req: PauseRequest) -> ttrpc::Result<Empty> {
         traced("Pause", &req.id, async {
-            self.unimplemented(&req.id, "Pause")
+            let (_, c) = self.container(&req.id)?;
+            c.set_paused(&self.shim.runc, true).await?;
+            self.shim.events.publish(Event::paused(&c.id));
+            Ok(Empty::new())
         })
         .await
     }
 
     async fn resume(&self, _: &TtrpcContext, req: ResumeRequest) -> ttrpc::Result<Empty> {
         traced("Resume", &req.id, async {
-            self.unimplemented(&req.id, "Resume")
+            let (_, c) = self.container(&req.id)?;
+            c.set_paused(&self.shim.runc, false).await?;
+            self.shim.events.publish(Event::resumed(&c.id));
+            Ok(Empty::new())
         })
         .await
     }
@@ -311,7 +318,13 @@ impl Task for TaskService {
 
     async fn update(&self, _: &TtrpcContext, req: UpdateTaskRequest) -> ttrpc::Result<Empty> {
         traced("Update", &req.id, async {
-            self.unimplemented(&req.id, "Update")
+            let (_, c) = self.container(&req.id)?;
+            let resources = req
+                .resources
+                .as_ref()
+                .ok_or_else(|| Error::invalid("resources: missing"))?;
+            c.update(&self.shim.runc, resources).await?;
+            Ok(Empty::new())
         })
         .await
     }

@@ -24,6 +24,8 @@ pub struct Container {
     pub init: Arc<Process>,
     /// The container's cgroup (a cgroupfs path) from its spec, for stats.
     pub cgroup: Option<String>,
+    /// Frozen by Task.Pause.
+    paused: std::sync::atomic::AtomicBool,
     execs: Mutex<HashMap<String, Exec>>,
 }
 
@@ -123,6 +125,7 @@ impl Container {
             bundle,
             init,
             cgroup,
+            paused: Default::default(),
             execs: Mutex::new(HashMap::new()),
         })
     }
@@ -169,6 +172,56 @@ impl Container {
             return runc.kill(&self.id, signal, true).await;
         }
         process.signal(signal)
+    }
+
+    /// Freezes or thaws the container; refuses a container that is not running.
+    pub async fn set_paused(&self, runc: &Runc, paused: bool) -> Result<()> {
+        if self.init.status() != Status::Running || self.init.exit().is_some() {
+            return Err(Error::precondition(format!(
+                "container {}: not running",
+                self.id
+            )));
+        }
+        if paused {
+            runc.pause(&self.id).await?;
+        } else {
+            runc.resume(&self.id).await?;
+        }
+        self.paused
+            .store(paused, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Applies new resources (an OCI LinuxResources JSON document) to the running container.
+    pub async fn update(
+        &self,
+        runc: &Runc,
+        resources: &containerd_shim_protos::protobuf::well_known_types::any::Any,
+    ) -> Result<()> {
+        if !resources
+            .type_url
+            .ends_with("runtime-spec/1/LinuxResources")
+        {
+            return Err(Error::invalid(format!(
+                "resources.type_url: {:?} is not an OCI LinuxResources",
+                resources.type_url
+            )));
+        }
+        serde_json::from_slice::<Value>(&resources.value)
+            .ok()
+            .filter(Value::is_object)
+            .ok_or_else(|| Error::invalid("resources.value: not a JSON object"))?;
+        if self.init.exit().is_some() {
+            return Err(Error::precondition(format!(
+                "container {}: not running",
+                self.id
+            )));
+        }
+        runc.update(&self.id, &resources.value).await
     }
 
     /// Registers an exec (Task.Exec); it runs on Start.

@@ -196,6 +196,27 @@ impl Runc {
             .map(drop)
     }
 
+    /// Freezes the container (cgroup freezer).
+    pub async fn pause(&self, id: &str) -> Result<()> {
+        self.simple("pause", id, &["pause", id]).await.map(drop)
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<()> {
+        self.simple("resume", id, &["resume", id]).await.map(drop)
+    }
+
+    /// `runc update --resources -` with an OCI LinuxResources JSON document on stdin.
+    pub async fn update(&self, id: &str, resources_json: &[u8]) -> Result<()> {
+        self.run(
+            "update",
+            id,
+            &["update", "--resources", "-", id],
+            Some(resources_json),
+        )
+        .await
+        .map(drop)
+    }
+
     /// The host pids of the container's processes.
     pub async fn ps(&self, id: &str) -> Result<Vec<u32>> {
         let out = self
@@ -212,13 +233,38 @@ impl Runc {
 
     /// Runs a subcommand that needs no container stdio; returns its stdout.
     async fn simple(&self, op: &'static str, id: &str, args: &[&str]) -> Result<Vec<u8>> {
-        let out = self
+        self.run(op, id, args, None).await
+    }
+
+    /// Runs a subcommand with `input` on its stdin; returns its stdout.
+    async fn run(
+        &self,
+        op: &'static str,
+        id: &str,
+        args: &[&str],
+        input: Option<&[u8]>,
+    ) -> Result<Vec<u8>> {
+        use tokio::io::AsyncWriteExt;
+        let mut child = self
             .command(None)
             .args(args)
-            .stdin(Stdio::null())
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .output()
+            .spawn()
+            .with_path("run", &self.binary)?;
+        if let (Some(data), Some(mut stdin)) = (input, child.stdin.take()) {
+            stdin
+                .write_all(data)
+                .await
+                .with_path("write to", &self.binary)?;
+        }
+        let out = child
+            .wait_with_output()
             .await
             .with_path("run", &self.binary)?;
         if out.status.success() {
