@@ -6,6 +6,7 @@
 //! and a handful of stat files, while cgroups-rs 0.5 adds 53 crates to the shim (a D-Bus stack and
 //! a second `nix`), measured with `cargo tree`.
 
+pub mod oom;
 pub mod path;
 pub mod stats;
 

@@ -5,8 +5,8 @@
 use std::time::SystemTime;
 
 use containerd_shim_protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskPaused, TaskResumed,
-    TaskStart,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskOOM, TaskPaused,
+    TaskResumed, TaskStart,
 };
 use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
@@ -57,6 +57,16 @@ impl Event {
         Event {
             topic: "/tasks/start",
             payload: any("containerd.events.TaskStart", &msg),
+        }
+    }
+    pub fn oom(container_id: &str) -> Event {
+        let msg = TaskOOM {
+            container_id: container_id.into(),
+            ..Default::default()
+        };
+        Event {
+            topic: "/tasks/oom",
+            payload: any("containerd.events.TaskOOM", &msg),
         }
     }
     pub fn paused(container_id: &str) -> Event {

@@ -39,6 +39,42 @@ fn watch_exit(events: Publisher, container_id: String, process: Arc<Process>) {
     });
 }
 
+/// Publishes `/tasks/oom` for each OOM kill in the container's cgroup while its init lives.
+fn watch_oom(events: Publisher, c: &Arc<Container>) {
+    let Some(rel) = c.cgroup.clone() else { return };
+    let watch = crate::cgroups::Mode::detect()
+        .and_then(|mode| crate::cgroups::oom::OomWatch::new(&mode, &rel));
+    let mut watch = match watch {
+        Ok(Some(w)) => w,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(container = %c.id, error = %e, "no OOM events for this container");
+            return;
+        }
+    };
+    let (id, init) = (c.id.clone(), c.init.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                kills = watch.next() => match kills {
+                    Some(n) => {
+                        tracing::info!(container = %id, oom_kills = n, "OOM kill");
+                        events.publish(Event::oom(&id));
+                    }
+                    None => return,
+                },
+                _ = init.wait() => {
+                    if watch.check_now().is_some() {
+                        tracing::info!(container = %id, "OOM kill");
+                        events.publish(Event::oom(&id));
+                    }
+                    return;
+                }
+            }
+        }
+    });
+}
+
 impl TaskService {
     fn container(&self, id: &str) -> Result<(Arc<Pod>, Arc<Container>)> {
         let pod = self
@@ -91,6 +127,7 @@ impl TaskService {
             return Err(e);
         }
         watch_exit(self.shim.events.clone(), c.id.clone(), c.init.clone());
+        watch_oom(self.shim.events.clone(), &c);
         let pid = c.init.pid();
         self.shim
             .events
