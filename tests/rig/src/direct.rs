@@ -124,7 +124,11 @@ pub fn container_bundle(
     sandbox_pid: u32,
     args: &[&str],
 ) -> Result<(PathBuf, Vec<Mount>)> {
-    let bundle = dir.join(cid);
+    // The layout containerd's task manager uses, which corral checks.
+    let bundle = dir
+        .join("io.containerd.runtime.v2.task")
+        .join(NAMESPACE)
+        .join(cid);
     let image = dir.join(format!("{cid}-image"));
     std::fs::create_dir_all(bundle.join("rootfs"))?;
     std::fs::create_dir_all(image.join("bin"))?;
@@ -166,4 +170,31 @@ pub fn container_bundle(
     mount.source = image.display().to_string();
     mount.options = vec!["rbind".into(), "ro".into()];
     Ok((bundle, vec![mount]))
+}
+
+/// A network namespace made for a test with `ip netns add`, deleted on drop.
+pub struct TestNetns {
+    pub name: String,
+    pub path: PathBuf,
+}
+
+impl TestNetns {
+    pub fn new(name: &str) -> Result<TestNetns> {
+        let status = Command::new("ip").args(["netns", "add", name]).status()?;
+        if !status.success() {
+            bail!("ip netns add {name} failed");
+        }
+        Ok(TestNetns {
+            name: name.into(),
+            path: PathBuf::from("/run/netns").join(name),
+        })
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.name])
+            .status();
+    }
 }

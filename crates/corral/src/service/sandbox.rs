@@ -30,9 +30,14 @@ impl SandboxService {
             )));
         }
         let bundle = std::path::PathBuf::from(&req.bundle_path);
-        if !bundle.is_absolute() || !bundle.is_dir() {
+        // containerd starts the shim in the sandbox's bundle; any other directory is refused, so
+        // a request cannot make corral write pod files or mount anywhere else.
+        let here = std::env::current_dir()
+            .ok()
+            .and_then(|d| d.canonicalize().ok());
+        if !bundle.is_absolute() || bundle.canonicalize().ok() != here || here.is_none() {
             return Err(Error::invalid(format!(
-                "bundle_path: {:?} is not an existing absolute directory",
+                "bundle_path: {:?} is not this shim's bundle (the directory containerd started it in)",
                 req.bundle_path
             )));
         }

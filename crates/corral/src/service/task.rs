@@ -121,7 +121,9 @@ impl TaskService {
                 pod.state()
             )));
         }
-        let c = Arc::new(Container::create(&self.shim.runc, &req, &pod.context()).await?);
+        let c = Arc::new(
+            Container::create(&self.shim.runc, &self.shim.namespace, &req, &pod.context()).await?,
+        );
         if let Err(e) = pod.add_container(c.clone()) {
             let _ = c.force_delete(&self.shim.runc).await;
             return Err(e);

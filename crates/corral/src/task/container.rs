@@ -65,6 +65,7 @@ impl Container {
     /// on failure.
     pub async fn create(
         runc: &Runc,
+        namespace: &str,
         req: &CreateTaskRequest,
         pod: &PodContext,
     ) -> Result<Container> {
@@ -76,12 +77,7 @@ impl Container {
             ));
         }
         let bundle = PathBuf::from(&req.bundle);
-        if !bundle.is_absolute() {
-            return Err(Error::invalid(format!(
-                "bundle: {:?} is not an absolute path",
-                req.bundle
-            )));
-        }
+        check_bundle(&bundle, &req.id, namespace)?;
         let config_path = bundle.join("config.json");
         let raw = std::fs::read(&config_path).with_path("read", &config_path)?;
         let mut spec: Value = serde_json::from_slice(&raw)
@@ -374,10 +370,67 @@ impl Container {
     }
 }
 
+/// containerd's task manager makes every bundle `<state>/io.containerd.runtime.v2.task/<ns>/<id>`.
+/// corral mounts the rootfs and rewrites config.json there, so anything else is refused: an
+/// absolute, symlink-free path of that shape for this namespace and id.
+pub fn check_bundle(bundle: &Path, id: &str, namespace: &str) -> Result<()> {
+    let refuse = |why: &str| {
+        Err(Error::invalid(format!(
+            "bundle: {:?} {why}",
+            bundle.display().to_string()
+        )))
+    };
+    if !bundle.is_absolute() {
+        return refuse("is not an absolute path");
+    }
+    if bundle.canonicalize().ok().as_deref() != Some(bundle) {
+        return refuse("is not an existing directory without symlinks or '..'");
+    }
+    let mut parts = bundle.iter().rev();
+    let (leaf, ns, plugin) = (parts.next(), parts.next(), parts.next());
+    if leaf != Some(id.as_ref())
+        || ns != Some(namespace.as_ref())
+        || plugin != Some("io.containerd.runtime.v2.task".as_ref())
+    {
+        return refuse(&format!(
+            "is not <containerd state>/io.containerd.runtime.v2.task/{namespace}/{id}"
+        ));
+    }
+    Ok(())
+}
+
 fn read_pid(pid_file: &Path) -> Result<u32> {
     std::fs::read_to_string(pid_file)
         .with_path("read", pid_file)?
         .trim()
         .parse()
         .map_err(|e| Error::invalid(format!("{}: not a pid: {e}", pid_file.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bundles_must_be_containerd_task_bundles() {
+        let dir = std::env::temp_dir().join(format!("corral-bundle-{}", std::process::id()));
+        let good = dir.join("io.containerd.runtime.v2.task/k8s.io/c1");
+        std::fs::create_dir_all(&good).unwrap();
+        assert!(check_bundle(&good, "c1", "k8s.io").is_ok());
+        let err = |p: &Path, id: &str| check_bundle(p, id, "k8s.io").unwrap_err().to_string();
+        assert!(err(&good, "c2").contains("io.containerd.runtime.v2.task/k8s.io/c2"));
+        assert!(err(Path::new("rel/c1"), "c1").contains("not an absolute path"));
+        assert!(err(
+            &dir.join("io.containerd.runtime.v2.task/k8s.io/../k8s.io/c1"),
+            "c1"
+        )
+        .contains("symlinks or '..'"));
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&good, &link).unwrap();
+        assert!(err(&link, "c1").contains("symlinks"));
+        let other = dir.join("elsewhere/k8s.io/c1");
+        std::fs::create_dir_all(&other).unwrap();
+        assert!(err(&other, "c1").contains("is not <containerd state>"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
