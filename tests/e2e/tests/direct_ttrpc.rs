@@ -338,3 +338,85 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_deletes_after_a_crash_release_everything() -> Result<()> {
+    let id = format!("racing-{}", std::process::id());
+    let shim = DirectShim::start(&id).await?;
+    let netns = corral_rig::direct::TestNetns::new(&format!("crl-race-{}", std::process::id()))?;
+    let cfg = pod_config("racing", &shim.dir);
+    let create = CreateSandboxRequest {
+        sandbox_id: id.clone(),
+        bundle_path: shim.bundle.display().to_string(),
+        options: pod_options(&cfg),
+        netns_path: netns.path.display().to_string(),
+        ..Default::default()
+    };
+    shim.sandbox.create_sandbox(ctx(), &create).await?;
+    let holder = shim
+        .sandbox
+        .start_sandbox(
+            ctx(),
+            &StartSandboxRequest {
+                sandbox_id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await?
+        .pid;
+    let cid = format!("{id}-c");
+    let (bundle, rootfs) = container_bundle(&shim.dir, &cid, holder, &["sleep", "1000"])?;
+    let created = shim
+        .task
+        .create(
+            ctx(),
+            &CreateTaskRequest {
+                id: cid.clone(),
+                bundle: bundle.display().to_string(),
+                rootfs,
+                ..Default::default()
+            },
+        )
+        .await?;
+    shim.task
+        .start(
+            ctx(),
+            &StartRequest {
+                id: cid.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+
+    // The shim dies; containerd then runs `delete` (and may run it again, or concurrently).
+    let server = probe::pids_with_cmdline(&id)
+        .into_iter()
+        .find(|p| probe::cmdline(*p as u32).iter().any(|a| a == "serve"))
+        .context("server")?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    let (a, b) = std::thread::scope(|s| {
+        let one = s.spawn(|| shim.delete_command(&id, &shim.bundle));
+        let two = s.spawn(|| shim.delete_command(&id, &shim.bundle));
+        (one.join().unwrap(), two.join().unwrap())
+    });
+    assert!(a?.0 && b?.0, "both deletes succeed");
+    eventually(Duration::from_secs(3), || {
+        let alive: Vec<u32> = [holder, created.pid]
+            .into_iter()
+            .filter(|p| probe::ns(*p, "net").is_ok())
+            .collect();
+        (!alive.is_empty()).then(|| format!("still alive: {alive:?}"))
+    })
+    .await?;
+    assert!(
+        probe::mounts_containing(&id).is_empty(),
+        "{:?}",
+        probe::mounts_containing(&id)
+    );
+    assert!(!probe::corral_runc_containers_in(corral_rig::direct::NAMESPACE).contains(&cid));
+    assert!(!shim.socket.exists(), "socket removed");
+    Ok(())
+}

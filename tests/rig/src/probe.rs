@@ -70,8 +70,14 @@ pub fn mounts_containing(needle: &str) -> Vec<String> {
 
 /// Container ids runc knows in corral's runc root for namespace k8s.io.
 pub fn corral_runc_containers() -> Vec<String> {
+    corral_runc_containers_in("k8s.io")
+}
+
+/// Container ids runc knows in corral's runc root for a containerd namespace.
+pub fn corral_runc_containers_in(namespace: &str) -> Vec<String> {
+    let root = format!("/run/corral/runc/{namespace}");
     let out = std::process::Command::new("runc")
-        .args(["--root", "/run/corral/runc/k8s.io", "list", "-q"])
+        .args(["--root", &root, "list", "-q"])
         .output();
     match out {
         Ok(o) => String::from_utf8_lossy(&o.stdout)

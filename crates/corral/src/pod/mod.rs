@@ -270,6 +270,15 @@ impl Pod {
     /// Releases everything: containers (runc state, rootfs mounts), pins, shm, files, record.
     /// Tries every step; returns the first failure.
     pub async fn release(&self) -> Result<()> {
+        let bundle = self.paths.bundle.clone();
+        let _lock =
+            tokio::task::spawn_blocking(move || crate::sys::lock::BundleLock::acquire(&bundle))
+                .await
+                .map_err(|e| Error::Holder {
+                    step: "lock the bundle".into(),
+                    message: e.to_string(),
+                })?
+                .map_err(|e| Error::io("lock the bundle", e))?;
         let mut first_err = None;
         self.stop().await?;
         let containers: Vec<_> = self

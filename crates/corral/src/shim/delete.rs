@@ -30,6 +30,8 @@ pub fn run(args: &Args) -> Result<()> {
         .build()
         .context(|| "build async runtime".into())?;
     let paths = PodPaths::new(&bundle);
+    // Serialises concurrent deletes and the server's own release (see sys::lock).
+    let _lock = crate::sys::lock::BundleLock::acquire(&bundle).with_path("lock", &bundle)?;
     match Record::load(&paths.state_file()) {
         Some(record) => runtime.block_on(release_pod(&args.id, &paths, &record)),
         None => {

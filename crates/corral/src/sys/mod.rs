@@ -1,5 +1,6 @@
 //! Thin safe wrappers over the few syscalls nix does not cover. The unsafe code of the crate
 //! lives here and in `holder::child`.
 
+pub mod lock;
 pub mod ns;
 pub mod pidfd;
