@@ -9,8 +9,8 @@ use anyhow::{Context, Result};
 use containerd_shim_protos::api::*;
 use containerd_shim_protos::protobuf::Message;
 use containerd_shim_protos::sandbox_api::*;
-use corral_rig::cri::pod_config;
-use corral_rig::direct::{container_bundle, ctx, pod_options, DirectShim};
+use corral_rig::cri::{pod_config, pod_ns};
+use corral_rig::direct::{ctx, DirectShim};
 use corral_rig::{eventually, probe};
 use k8s_cri::v1::NamespaceMode;
 
@@ -23,38 +23,8 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
     let id = format!("hostnet-{}", std::process::id());
     let shim = DirectShim::start(&id).await?;
     let mut cfg = pod_config("hostnet", &shim.dir);
-    {
-        let ns = cfg
-            .linux
-            .as_mut()
-            .unwrap()
-            .security_context
-            .as_mut()
-            .unwrap()
-            .namespace_options
-            .as_mut()
-            .unwrap();
-        ns.network = NamespaceMode::Node as i32;
-    }
-    let create = CreateSandboxRequest {
-        sandbox_id: id.clone(),
-        bundle_path: shim.bundle.display().to_string(),
-        options: pod_options(&cfg),
-        netns_path: String::new(),
-        ..Default::default()
-    };
-    shim.sandbox.create_sandbox(ctx(), &create).await?;
-    let started = shim
-        .sandbox
-        .start_sandbox(
-            ctx(),
-            &StartSandboxRequest {
-                sandbox_id: id.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
-    let holder = started.pid;
+    pod_ns(&mut cfg).network = NamespaceMode::Node as i32;
+    let holder = shim.run_pod(&cfg, "").await?;
     assert_eq!(
         probe::ns(holder, "net")?,
         host("net"),
@@ -73,32 +43,10 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
 
     // A container, created the way containerd's task manager does it.
     let cid = format!("{id}-c1");
-    let (bundle, rootfs) = container_bundle(&shim.dir, &cid, holder, &["sleep", "1000"])?;
-    std::fs::write(bundle.join("sandbox"), &id)?;
-    let created = shim
-        .task
-        .create(
-            ctx(),
-            &CreateTaskRequest {
-                id: cid.clone(),
-                bundle: bundle.display().to_string(),
-                rootfs,
-                ..Default::default()
-            },
-        )
-        .await?;
-    shim.task
-        .start(
-            ctx(),
-            &StartRequest {
-                id: cid.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
-    assert_eq!(probe::ns(created.pid, "net")?, host("net"));
-    assert_eq!(probe::ns(created.pid, "uts")?, host("uts"));
-    assert_eq!(probe::ns(created.pid, "ipc")?, probe::ns(holder, "ipc")?);
+    let (bundle, created_pid) = shim.run_container(&cid, holder, &["sleep", "1000"]).await?;
+    assert_eq!(probe::ns(created_pid, "net")?, host("net"));
+    assert_eq!(probe::ns(created_pid, "uts")?, host("uts"));
+    assert_eq!(probe::ns(created_pid, "ipc")?, probe::ns(holder, "ipc")?);
 
     // Pause and Resume freeze and thaw the container's cgroup; State says PAUSED meanwhile.
     let freezer = format!("/sys/fs/cgroup/freezer/corral-direct/{cid}/freezer.state");
@@ -238,26 +186,7 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
 
     // And a new container in the same pod works.
     let cid2 = format!("{id}-c2");
-    let (bundle2, rootfs2) = container_bundle(&shim.dir, &cid2, holder, &["sh", "-c", "exit 4"])?;
-    shim.task
-        .create(
-            ctx(),
-            &CreateTaskRequest {
-                id: cid2.clone(),
-                bundle: bundle2.display().to_string(),
-                rootfs: rootfs2,
-                ..Default::default()
-            },
-        )
-        .await?;
-    shim.task
-        .start(
-            ctx(),
-            &StartRequest {
-                id: cid2.clone(),
-                ..Default::default()
-            },
-        )
+    shim.run_container(&cid2, holder, &["sh", "-c", "exit 4"])
         .await?;
     let waited = shim
         .task
@@ -345,48 +274,11 @@ async fn concurrent_deletes_after_a_crash_release_everything() -> Result<()> {
     let shim = DirectShim::start(&id).await?;
     let netns = corral_rig::direct::TestNetns::new(&format!("crl-race-{}", std::process::id()))?;
     let cfg = pod_config("racing", &shim.dir);
-    let create = CreateSandboxRequest {
-        sandbox_id: id.clone(),
-        bundle_path: shim.bundle.display().to_string(),
-        options: pod_options(&cfg),
-        netns_path: netns.path.display().to_string(),
-        ..Default::default()
-    };
-    shim.sandbox.create_sandbox(ctx(), &create).await?;
     let holder = shim
-        .sandbox
-        .start_sandbox(
-            ctx(),
-            &StartSandboxRequest {
-                sandbox_id: id.clone(),
-                ..Default::default()
-            },
-        )
-        .await?
-        .pid;
+        .run_pod(&cfg, &netns.path.display().to_string())
+        .await?;
     let cid = format!("{id}-c");
-    let (bundle, rootfs) = container_bundle(&shim.dir, &cid, holder, &["sleep", "1000"])?;
-    let created = shim
-        .task
-        .create(
-            ctx(),
-            &CreateTaskRequest {
-                id: cid.clone(),
-                bundle: bundle.display().to_string(),
-                rootfs,
-                ..Default::default()
-            },
-        )
-        .await?;
-    shim.task
-        .start(
-            ctx(),
-            &StartRequest {
-                id: cid.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
+    let (_, created_pid) = shim.run_container(&cid, holder, &["sleep", "1000"]).await?;
 
     // The shim dies; containerd then runs `delete` (and may run it again, or concurrently).
     let server = probe::pids_with_cmdline(&id)
@@ -404,7 +296,7 @@ async fn concurrent_deletes_after_a_crash_release_everything() -> Result<()> {
     });
     assert!(a?.0 && b?.0, "both deletes succeed");
     eventually(Duration::from_secs(3), || {
-        let alive: Vec<u32> = [holder, created.pid]
+        let alive: Vec<u32> = [holder, created_pid]
             .into_iter()
             .filter(|p| probe::ns(*p, "net").is_ok())
             .collect();

@@ -4,38 +4,18 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use corral_rig::cri::{container_config, log_dir, pod_config};
+use corral_rig::cri::{container_config, container_ns, log_dir, pod_config, pod_ns};
 use corral_rig::{eventually, probe, Options, Rig};
 use k8s_cri::v1::{ContainerConfig, NamespaceMode, PodSandboxConfig};
 
 fn set_modes(pod: &mut PodSandboxConfig, pid: NamespaceMode, ipc: NamespaceMode) {
-    let ns = pod
-        .linux
-        .as_mut()
-        .unwrap()
-        .security_context
-        .as_mut()
-        .unwrap()
-        .namespace_options
-        .as_mut()
-        .unwrap();
-    ns.pid = pid as i32;
-    ns.ipc = ipc as i32;
+    let ns = pod_ns(pod);
+    (ns.pid, ns.ipc) = (pid as i32, ipc as i32);
 }
 
 fn set_container_modes(c: &mut ContainerConfig, pid: NamespaceMode, ipc: NamespaceMode) {
-    let ns = c
-        .linux
-        .as_mut()
-        .unwrap()
-        .security_context
-        .as_mut()
-        .unwrap()
-        .namespace_options
-        .as_mut()
-        .unwrap();
-    ns.pid = pid as i32;
-    ns.ipc = ipc as i32;
+    let ns = container_ns(c);
+    (ns.pid, ns.ipc) = (pid as i32, ipc as i32);
 }
 
 fn state_of(pid: u32) -> char {
@@ -151,20 +131,8 @@ async fn target_pid_mode_joins_another_container_and_host_pid_uses_the_node() ->
         .run_container(&pod, &cfg, &container_config("a", "exec sleep 1000"))
         .await?;
     let mut b = container_config("b", "exec sleep 1001");
-    {
-        let ns = b
-            .linux
-            .as_mut()
-            .unwrap()
-            .security_context
-            .as_mut()
-            .unwrap()
-            .namespace_options
-            .as_mut()
-            .unwrap();
-        ns.pid = NamespaceMode::Target as i32;
-        ns.target_id = a.clone();
-    }
+    container_ns(&mut b).pid = NamespaceMode::Target as i32;
+    container_ns(&mut b).target_id = a.clone();
     let b = cri.run_container(&pod, &cfg, &b).await?;
     let (pa, pb) = (cri.container_pid(&a).await?, cri.container_pid(&b).await?);
     assert_eq!(

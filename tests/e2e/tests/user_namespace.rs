@@ -5,7 +5,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 use anyhow::{Context, Result};
-use corral_rig::cri::{log_dir, pod_config};
+use corral_rig::cri::{log_dir, pod_config, pod_ns};
 use corral_rig::{probe, Options, Rig};
 use k8s_cri::v1::{IdMapping, NamespaceMode, UserNamespace};
 
@@ -36,16 +36,7 @@ async fn a_pod_user_namespace_owns_the_pod_namespaces() -> Result<()> {
             length: 65_536,
         }]
     };
-    cfg.linux
-        .as_mut()
-        .unwrap()
-        .security_context
-        .as_mut()
-        .unwrap()
-        .namespace_options
-        .as_mut()
-        .unwrap()
-        .userns_options = Some(UserNamespace {
+    pod_ns(&mut cfg).userns_options = Some(UserNamespace {
         mode: NamespaceMode::Pod as i32,
         uids: map(),
         gids: map(),

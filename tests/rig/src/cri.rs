@@ -284,6 +284,20 @@ pub fn container_config(name: &str, script: &str) -> ContainerConfig {
     }
 }
 
+/// The namespace options of a pod config made by [`pod_config`].
+pub fn pod_ns(config: &mut PodSandboxConfig) -> &mut NamespaceOption {
+    let linux = config.linux.get_or_insert_with(Default::default);
+    let sc = linux.security_context.get_or_insert_with(Default::default);
+    sc.namespace_options.get_or_insert_with(Default::default)
+}
+
+/// The namespace options of a container config made by [`container_config`].
+pub fn container_ns(config: &mut ContainerConfig) -> &mut NamespaceOption {
+    let linux = config.linux.get_or_insert_with(Default::default);
+    let sc = linux.security_context.get_or_insert_with(Default::default);
+    sc.namespace_options.get_or_insert_with(Default::default)
+}
+
 /// Waits until `path` contains `needle`; returns the file's text.
 pub async fn wait_for_text(path: &Path, needle: &str, timeout: Duration) -> Result<String> {
     let deadline = Instant::now() + timeout;

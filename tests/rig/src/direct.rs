@@ -89,6 +89,59 @@ impl DirectShim {
         })
     }
 
+    /// CreateSandbox and StartSandbox for `config` with CRI's `netns` ("" for the node's);
+    /// returns the sandbox pid.
+    pub async fn run_pod(
+        &self,
+        config: &k8s_cri::v1::PodSandboxConfig,
+        netns: &str,
+    ) -> Result<u32> {
+        use containerd_shim_protos::sandbox_api::{CreateSandboxRequest, StartSandboxRequest};
+        let create = CreateSandboxRequest {
+            sandbox_id: self.id.clone(),
+            bundle_path: self.bundle.display().to_string(),
+            options: pod_options(config),
+            netns_path: netns.into(),
+            ..Default::default()
+        };
+        self.sandbox.create_sandbox(ctx(), &create).await?;
+        let start = StartSandboxRequest {
+            sandbox_id: self.id.clone(),
+            ..Default::default()
+        };
+        Ok(self.sandbox.start_sandbox(ctx(), &start).await?.pid)
+    }
+
+    /// A container made by [`container_bundle`], created and started the way containerd's task
+    /// manager does it; returns its bundle and init pid.
+    pub async fn run_container(
+        &self,
+        cid: &str,
+        sandbox_pid: u32,
+        args: &[&str],
+    ) -> Result<(PathBuf, u32)> {
+        use containerd_shim_protos::api::{CreateTaskRequest, StartRequest};
+        let (bundle, rootfs) = container_bundle(&self.dir, cid, sandbox_pid, args)?;
+        std::fs::write(bundle.join("sandbox"), &self.id)?;
+        let create = CreateTaskRequest {
+            id: cid.into(),
+            bundle: bundle.display().to_string(),
+            rootfs,
+            ..Default::default()
+        };
+        let pid = self.task.create(ctx(), &create).await?.pid;
+        self.task
+            .start(
+                ctx(),
+                &StartRequest {
+                    id: cid.into(),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        Ok((bundle, pid))
+    }
+
     /// Runs the `delete` subcommand for `id` with `bundle`, as containerd does; returns the
     /// exit status of the command and the bytes it printed.
     pub fn delete_command(&self, id: &str, bundle: &Path) -> Result<(bool, Vec<u8>)> {
