@@ -134,6 +134,11 @@ async fn a_pod_with_two_containers_shares_the_pod_namespaces_and_leaves_nothing(
         .map(|w| w[1].clone())
         .context("-socket argument")?;
 
+    // The shim's socket is root's alone.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket)?.permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "socket {socket} has mode {mode:o}");
+
     cri.stop_pod(&pod).await?;
     assert!(!cri.pod_ready(&pod).await?, "NOTREADY after StopPodSandbox");
     assert!(holder_pid(&pod).is_none(), "StopPodSandbox ends the holder");
