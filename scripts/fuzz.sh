@@ -14,7 +14,12 @@ export RUSTC_BOOTSTRAP=1
 cargo fuzz build -O --sanitizer none
 for target in pod_config sysctls config_json holder_spec; do
   echo "fuzz: $target for ${seconds}s" >&2
-  cargo fuzz run -O --sanitizer none "$target" -- -max_total_time="$seconds" 2>&1 | grep -E "^Done|ERROR|panicked|SUMMARY" || true
-  # cargo fuzz exits non-zero on a crash; pipefail carries it through grep.
-  [[ ${PIPESTATUS[0]} == 0 ]] || { echo "fuzz: $target crashed (see fuzz/artifacts/$target)" >&2; exit 1; }
+  log=$(mktemp)
+  if ! cargo fuzz run -O --sanitizer none "$target" -- -max_total_time="$seconds" >"$log" 2>&1; then
+    grep -E "ERROR|panicked|SUMMARY|Test unit written" "$log" >&2 || tail -20 "$log" >&2
+    echo "fuzz: $target crashed (see fuzz/artifacts/$target)" >&2
+    exit 1
+  fi
+  grep -E "^Done" "$log" >&2
+  rm -f "$log"
 done
