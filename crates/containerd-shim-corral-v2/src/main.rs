@@ -19,13 +19,15 @@ fn main() -> ExitCode {
             println!(
                 "containerd-shim-corral-v2 version {} (commit {})",
                 env!("CARGO_PKG_VERSION"),
-                option_env!("CORRAL_GIT_COMMIT").unwrap_or("unknown")
+                env!("CORRAL_GIT_COMMIT")
             );
             Ok(())
         }
-        Action::Info => Err(corral::Error::Unimplemented(
-            "-info: runtime info is not implemented yet".into(),
-        )),
+        Action::Info => corral::shim::info::run(
+            env!("CARGO_PKG_VERSION"),
+            env!("CORRAL_GIT_COMMIT"),
+            &server::runc_binary(),
+        ),
         Action::Start => start::run(&args),
         Action::Delete => delete::run(&args),
         Action::Serve => server::run(&args),

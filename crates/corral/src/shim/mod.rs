@@ -4,6 +4,7 @@
 pub mod args;
 pub mod bootstrap;
 pub mod delete;
+pub mod info;
 pub mod logging;
 pub mod server;
 pub mod start;

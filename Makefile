@@ -1,0 +1,24 @@
+# corral: build, install, test.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+
+.PHONY: all install uninstall test bench demo
+
+all:
+	cargo build --workspace --bins
+
+# The static release shim, where containerd looks for io.containerd.corral.v2.
+install:
+	bin=$$(bash scripts/build-release.sh) && install -D -m 0755 "$$bin" "$(DESTDIR)$(BINDIR)/containerd-shim-corral-v2"
+
+uninstall:
+	rm -f "$(DESTDIR)$(BINDIR)/containerd-shim-corral-v2"
+
+test:
+	bash scripts/test.sh
+
+bench:
+	bash scripts/bench.sh
+
+demo:
+	bash scripts/demo.sh
