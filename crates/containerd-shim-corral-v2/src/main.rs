@@ -26,7 +26,7 @@ fn main() -> ExitCode {
         Action::Info => corral::shim::info::run(
             env!("CARGO_PKG_VERSION"),
             env!("CORRAL_GIT_COMMIT"),
-            &server::runc_binary(),
+            &corral::config::get().runtime.binary,
         ),
         Action::Start => start::run(&args),
         Action::Delete => delete::run(&args),

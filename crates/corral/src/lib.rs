@@ -17,6 +17,7 @@
 //!    containerd then runs `delete` ([`shim::delete`]), which cleans whatever may remain.
 //!
 //! Module map:
+//! - [`config`]: corral's settings (TOML file, environment overrides).
 //! - [`error`]: the crate error and its one mapping to ttrpc codes.
 //! - [`shim`]: containerd's binary protocol (flags, start, delete, server, logging); knows no pods.
 //! - [`service`]: ttrpc adapters for the Sandbox and Task services.
@@ -28,6 +29,7 @@
 //! - [`sys`]: thin safe wrappers over the syscalls nix does not cover.
 
 pub mod cgroups;
+pub mod config;
 pub mod error;
 pub mod events;
 pub mod holder;

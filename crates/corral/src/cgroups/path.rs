@@ -3,6 +3,7 @@
 //! `slice:prefix:name`). The systemd form is detected from its shape, since containerd 2.1 cannot
 //! pass runc's SystemdCgroup option to corral.
 
+use crate::config::Driver;
 use crate::error::{Error, Result};
 
 /// Expands a slice name into its cgroupfs path: `a-b-c.slice` -> `/a.slice/a-b.slice/a-b-c.slice`.
@@ -32,10 +33,29 @@ pub fn expand_slice(slice: &str) -> Result<String> {
     Ok(path)
 }
 
-/// The pod's `cgroup_parent` as a cgroupfs path. Refuses `..` and relative paths, so a pod
-/// cannot point corral outside the cgroup tree.
+/// The pod's `cgroup_parent` as a cgroupfs path, under the configured cgroup driver.
 pub fn resolve_parent(parent: &str) -> Result<String> {
+    resolve_parent_as(parent, crate::config::get().cgroup.driver)
+}
+
+/// The pod's `cgroup_parent` as a cgroupfs path. Refuses `..` and relative paths, so a pod
+/// cannot point corral outside the cgroup tree; a forced driver refuses the other form.
+pub fn resolve_parent_as(parent: &str, driver: Driver) -> Result<String> {
     let field = "PodSandboxConfig.linux.cgroup_parent";
+    let slice = parent.ends_with(".slice") && !parent.contains('/');
+    match (driver, slice) {
+        (Driver::Systemd, false) => {
+            return Err(Error::invalid(format!(
+                "{field}: {parent:?} is not a systemd slice (cgroup.driver = systemd)"
+            )))
+        }
+        (Driver::Cgroupfs, true) => {
+            return Err(Error::invalid(format!(
+                "{field}: {parent:?} is a systemd slice (cgroup.driver = cgroupfs)"
+            )))
+        }
+        _ => {}
+    }
     if parent.split('/').any(|p| p == "..") {
         return Err(Error::invalid(format!("{field}: {parent:?} contains '..'")));
     }
@@ -111,5 +131,17 @@ mod tests {
             "/kubepods.slice/kubepods-pod1.slice/cri-containerd-abc.scope"
         );
         assert!(resolve_container("../x").is_err());
+        assert!(resolve_parent_as("/kubepods/pod1", Driver::Systemd)
+            .unwrap_err()
+            .to_string()
+            .contains("cgroup.driver = systemd"));
+        assert!(resolve_parent_as("kubepods-pod1.slice", Driver::Cgroupfs)
+            .unwrap_err()
+            .to_string()
+            .contains("cgroup.driver = cgroupfs"));
+        assert_eq!(
+            resolve_parent_as("kubepods-pod1.slice", Driver::Systemd).unwrap(),
+            "/kubepods.slice/kubepods-pod1.slice"
+        );
     }
 }

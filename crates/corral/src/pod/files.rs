@@ -13,24 +13,11 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, Result};
 use crate::pod::spec::{Dns, PodSpec};
 
 /// Default size of the pod's /dev/shm, as containerd's podsandbox controller uses.
 pub const SHM_SIZE_KIB: u64 = 65536;
-
-/// The pod shm size: `CORRAL_SHM_SIZE` (bytes, or with a K/M/G or Ki/Mi/Gi suffix) from the
-/// shim's environment (containerd's shim-manager `env` sets it), else 64 MiB.
-pub fn shm_size_kib() -> Result<u64> {
-    match std::env::var("CORRAL_SHM_SIZE") {
-        Ok(v) => parse_size_kib(&v).ok_or_else(|| {
-            Error::invalid(format!(
-                "CORRAL_SHM_SIZE: {v:?} is not a size (e.g. 65536k, 64Mi, 1G)"
-            ))
-        }),
-        Err(_) => Ok(SHM_SIZE_KIB),
-    }
-}
 
 /// "67108864", "65536k", "64Mi", "1G" -> KiB (at least 4 KiB).
 pub fn parse_size_kib(s: &str) -> Option<u64> {

@@ -77,7 +77,7 @@ impl Pod {
         };
         files::write_files(&paths, &spec)?;
         if spec.ipc == NsMode::Pod {
-            files::mount_shm(&paths, files::shm_size_kib()?)?;
+            files::mount_shm(&paths, crate::config::get().shm_size_kib())?;
         }
         let holder = undo.holder.insert(Holder::spawn(&HolderSpec {
             sandbox_id: id.to_string(),

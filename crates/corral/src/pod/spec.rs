@@ -174,7 +174,12 @@ pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpe
         }
     }
 
-    let sysctls = sysctl::resolve(&linux.sysctls, network, ipc, user_namespace)?;
+    let mut sysctls = sysctl::resolve(&linux.sysctls, network, ipc, user_namespace)?;
+    if !crate::config::get().pod.default_sysctls {
+        // Only what the pod asked for (keys normalised as `resolve` does).
+        let asked: Vec<String> = linux.sysctls.keys().map(|k| k.replace('/', ".")).collect();
+        sysctls.retain(|k, _| asked.contains(k));
+    }
     if !linux.cgroup_parent.is_empty() {
         crate::cgroups::path::resolve_parent(&linux.cgroup_parent)?;
     }

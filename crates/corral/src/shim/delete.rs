@@ -12,7 +12,6 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use super::args::Args;
-use super::server::runc_binary;
 use crate::error::{IoContext, Result};
 use crate::events::timestamp;
 use crate::pod::files::{self, PodPaths};
@@ -35,7 +34,9 @@ pub fn run(args: &Args) -> Result<()> {
     match Record::load(&paths.state_file()) {
         Some(record) => runtime.block_on(release_pod(&args.id, &paths, &record)),
         None => {
-            let runc = Runc::new(runc_binary(), &args.namespace);
+            // containerd does not give `delete` the shim-manager environment: the file and the
+            // defaults decide (a pod's record names its own runtime).
+            let runc = Runc::for_namespace(crate::config::get(), &args.namespace);
             runtime.block_on(release_container(&runc, &args.id, &bundle));
             // A sandbox bundle without a record was released by ShutdownSandbox, or never got
             // that far; its mounts (if any) are below rootfs.

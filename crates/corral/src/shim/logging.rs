@@ -9,9 +9,13 @@ use std::sync::Mutex;
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber. Without a reader on the FIFO, logs are dropped.
-pub fn init(debug: bool, sandbox_id: &str) {
-    let default = if debug { "debug" } else { "info" };
-    let filter = EnvFilter::try_from_env("CORRAL_LOG").unwrap_or_else(|_| EnvFilter::new(default));
+pub fn init(debug: bool, sandbox_id: &str, level: &str) {
+    // containerd's -debug raises the configured level to debug.
+    let filter = if debug {
+        EnvFilter::new("debug")
+    } else {
+        EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"))
+    };
     // Non-blocking: if containerd stops reading (restart), a full pipe drops lines instead of
     // stalling the pod's RPCs.
     let fifo = OpenOptions::new()

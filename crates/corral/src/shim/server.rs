@@ -25,13 +25,9 @@ use crate::service::task::TaskService;
 use crate::service::Shim;
 use crate::task::runc::Runc;
 
-/// The OCI runtime binary: `CORRAL_RUNC` or `runc` from PATH.
-pub fn runc_binary() -> String {
-    std::env::var("CORRAL_RUNC").unwrap_or_else(|_| "runc".to_string())
-}
-
 pub fn run(args: &Args) -> Result<()> {
-    super::logging::init(args.debug, &args.id);
+    let config = crate::config::init()?;
+    super::logging::init(args.debug, &args.id, &config.log.level);
     // Container inits are reparented to corral when `runc create` exits; the subreaper bit makes
     // them corral's children so their exit status can be collected.
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument only.
@@ -58,7 +54,7 @@ pub fn run(args: &Args) -> Result<()> {
 
 async fn serve(args: &Args) -> Result<()> {
     let events = Publisher::spawn(std::env::var("TTRPC_ADDRESS").ok(), args.namespace.clone());
-    let runc = Runc::new(runc_binary(), &args.namespace);
+    let runc = Runc::for_namespace(crate::config::get(), &args.namespace);
     std::fs::create_dir_all(&runc.root).with_path("create runc root", &runc.root)?;
     // A first record, before any pod exists: if CreateSandbox fails, containerd's `delete` still
     // finds this server and its socket. The pod's record replaces it.

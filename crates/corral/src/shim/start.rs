@@ -30,6 +30,8 @@ pub fn socket_path(dir: &Path, address: &str, namespace: &str, id: &str) -> Path
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    // A bad configuration fails here, where containerd shows the message in RunPodSandbox's error.
+    crate::config::init()?;
     let mut stdin = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut stdin);
     let input = bootstrap::parse_stdin(&stdin, &args.id)?;

@@ -35,10 +35,11 @@ pub struct CreateIo {
 }
 
 impl Runc {
-    pub fn new(binary: impl Into<PathBuf>, namespace: &str) -> Self {
+    /// The runtime of the configuration, with one state root per containerd namespace.
+    pub fn for_namespace(config: &crate::config::Config, namespace: &str) -> Self {
         Runc {
-            binary: binary.into(),
-            root: Path::new(DEFAULT_ROOT).join(namespace),
+            binary: PathBuf::from(&config.runtime.binary),
+            root: config.runtime.root.join(namespace),
         }
     }
 

@@ -1,0 +1,71 @@
+//! corral's config file, set for the shims through containerd's shim-manager `env`
+//! (`CORRAL_CONFIG`): its settings reach the pod, and a bad file fails RunPodSandbox with the key
+//! named.
+
+use anyhow::Result;
+use corral_rig::cri::{container_config, log_dir, pod_config};
+use corral_rig::{Options, Rig};
+
+fn config_file(name: &str, text: &str) -> Result<String> {
+    let path = format!("/run/corral-rig/{name}-{}.toml", std::process::id());
+    std::fs::create_dir_all("/run/corral-rig")?;
+    std::fs::write(&path, text)?;
+    Ok(path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_from_the_config_file_reach_the_pod() -> Result<()> {
+    let path = config_file(
+        "good",
+        "[pod]\nshm_size = \"8Mi\"\ndefault_sysctls = false\n[log]\nlevel = \"debug\"\n",
+    )?;
+    let rig = Rig::start(Options {
+        shim_env: vec![format!("CORRAL_CONFIG={path}")],
+        ..Default::default()
+    })
+    .await?;
+    let mut cri = rig.cri().await?;
+    let cfg = pod_config("configured", &log_dir(&rig.dir, "configured"));
+    let pod = cri.run_pod(&cfg, "corral").await?;
+    let c = cri
+        .run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
+        .await?;
+    let (_, mounts, _) = cri
+        .exec_sync(&c, &["grep", " /dev/shm ", "/proc/mounts"])
+        .await?;
+    assert!(mounts.contains("size=8192k"), "{mounts}");
+    // No containerd defaults: the pod's netns keeps the kernel's values.
+    let (_, start, _) = cri
+        .exec_sync(
+            &c,
+            &["cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"],
+        )
+        .await?;
+    assert_eq!(start, "1024\n");
+    cri.stop_and_remove_pod(&pod).await?;
+    std::fs::remove_file(path)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_config_file_is_refused_naming_the_key() -> Result<()> {
+    let path = config_file("bad", "[pod]\nshm = \"1G\"\n")?;
+    let rig = Rig::start(Options {
+        shim_env: vec![format!("CORRAL_CONFIG={path}")],
+        ..Default::default()
+    })
+    .await?;
+    let mut cri = rig.cri().await?;
+    let cfg = pod_config("misconfigured", &log_dir(&rig.dir, "misconfigured"));
+    let err = cri
+        .run_pod(&cfg, "corral")
+        .await
+        .expect_err("RunPodSandbox must fail")
+        .to_string();
+    assert!(
+        err.contains(&path) && err.contains("unknown field `shm`"),
+        "{err}"
+    );
+    std::fs::remove_file(path)?;
+    Ok(())
+}
