@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 
 pub const DEFAULT_PATH: &str = "/etc/corral/config.toml";
 
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub runtime: Runtime,
@@ -67,17 +67,6 @@ pub enum Driver {
 #[serde(deny_unknown_fields, default)]
 pub struct Cgroup {
     pub driver: Driver,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            runtime: Runtime::default(),
-            pod: Pod::default(),
-            log: Log::default(),
-            cgroup: Cgroup::default(),
-        }
-    }
 }
 
 impl Default for Runtime {
