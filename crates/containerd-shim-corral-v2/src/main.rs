@@ -28,6 +28,7 @@ fn main() -> ExitCode {
             env!("CORRAL_GIT_COMMIT"),
             &corral::config::get().runtime.binary,
         ),
+        Action::Doctor => doctor(&args),
         Action::Start => start::run(&args),
         Action::Delete => delete::run(&args),
         Action::Serve => server::run(&args),
@@ -40,4 +41,31 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints each finding; fails when any is a problem.
+fn doctor(args: &Args) -> corral::Result<()> {
+    use corral::doctor::Finding;
+    let config = args
+        .containerd_config
+        .clone()
+        .unwrap_or_else(|| "/etc/containerd/config.toml".into());
+    let findings = corral::doctor::run(&config);
+    let mut problems = 0;
+    for f in &findings {
+        match f {
+            Finding::Ok(s) => println!("ok       {s}"),
+            Finding::Problem { what, fix } => {
+                problems += 1;
+                println!("PROBLEM  {what}\n         fix: {fix}");
+            }
+        }
+    }
+    if problems > 0 {
+        return Err(corral::Error::precondition(format!(
+            "{problems} problem(s) found"
+        )));
+    }
+    println!("corral can run on this node");
+    Ok(())
 }

@@ -18,6 +18,7 @@
 //!
 //! Module map:
 //! - [`config`]: corral's settings (TOML file, environment overrides).
+//! - [`doctor`]: checks a node's setup for corral.
 //! - [`error`]: the crate error and its one mapping to ttrpc codes.
 //! - [`shim`]: containerd's binary protocol (flags, start, delete, server, logging); knows no pods.
 //! - [`service`]: ttrpc adapters for the Sandbox and Task services.
@@ -30,6 +31,7 @@
 
 pub mod cgroups;
 pub mod config;
+pub mod doctor;
 pub mod error;
 pub mod events;
 pub mod holder;

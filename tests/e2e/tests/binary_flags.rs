@@ -49,3 +49,50 @@ fn info_answers_a_runtime_info_with_runc_features() -> Result<()> {
     );
     Ok(())
 }
+
+/// Runs `doctor` on a containerd config text with extra environment; (success, output).
+fn doctor(config: &str, env: &[(&str, &str)]) -> Result<(bool, String)> {
+    let path = std::env::temp_dir().join(format!(
+        "corral-doctor-{}-{}.toml",
+        std::process::id(),
+        config.len()
+    ));
+    std::fs::write(&path, config)?;
+    let out = Command::new(shim_binary())
+        .arg("doctor")
+        .arg("-containerd-config")
+        .arg(&path)
+        .envs(env.iter().copied())
+        .output()?;
+    std::fs::remove_file(&path)?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    ))
+}
+
+const HANDLER: &str = "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral]\n  runtime_type = 'io.containerd.corral.v2'\n  sandboxer = 'shim'\n";
+
+#[test]
+fn doctor_passes_this_node_and_finds_broken_setups() -> Result<()> {
+    let (ok, out) = doctor(HANDLER, &[])?;
+    assert!(ok, "a correct setup: {out}");
+    assert!(out.contains("corral can run on this node"), "{out}");
+
+    let (ok, out) = doctor("version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]\n  runtime_type = 'io.containerd.runc.v2'\n", &[])?;
+    assert!(
+        !ok && out.contains("no runtime handler uses corral"),
+        "{out}"
+    );
+
+    let with_options = format!("{HANDLER}[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral.options]\n  BinaryName = 'runc'\n");
+    let (ok, out) = doctor(&with_options, &[])?;
+    assert!(!ok && out.contains("options table"), "{out}");
+
+    let (ok, out) = doctor(HANDLER, &[("CORRAL_RUNC", "/nonexistent/runc")])?;
+    assert!(
+        !ok && out.contains("\"/nonexistent/runc\" cannot be run"),
+        "{out}"
+    );
+    Ok(())
+}

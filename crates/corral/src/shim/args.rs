@@ -11,6 +11,8 @@ pub enum Action {
     Delete,
     /// Internal: the long-running server `start` spawns.
     Serve,
+    /// Checks a node's setup for corral.
+    Doctor,
     Version,
     Info,
 }
@@ -26,6 +28,8 @@ pub struct Args {
     pub debug: bool,
     /// Internal (serve): the socket path to remove on exit.
     pub socket: Option<PathBuf>,
+    /// doctor: containerd's config file.
+    pub containerd_config: Option<PathBuf>,
 }
 
 impl Args {
@@ -39,6 +43,7 @@ impl Args {
             bundle: None,
             debug: false,
             socket: None,
+            containerd_config: None,
         };
         let mut action = None;
         let mut it = argv.iter().map(AsRef::as_ref);
@@ -51,6 +56,7 @@ impl Args {
                     "start" => Action::Start,
                     "delete" => Action::Delete,
                     "serve" => Action::Serve,
+                    "doctor" => Action::Doctor,
                     other => {
                         return Err(Error::invalid(format!(
                             "unknown action {other:?} (start, delete)"
@@ -76,6 +82,7 @@ impl Args {
                 "id" => args.id = value()?,
                 "bundle" => args.bundle = Some(PathBuf::from(value()?)),
                 "socket" => args.socket = Some(PathBuf::from(value()?)),
+                "containerd-config" => args.containerd_config = Some(PathBuf::from(value()?)),
                 "debug" => args.debug = inline.as_deref() != Some("false"),
                 "v" | "version" => action = action.or(Some(Action::Version)),
                 "info" => action = action.or(Some(Action::Info)),

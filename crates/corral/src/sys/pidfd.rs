@@ -34,6 +34,17 @@ impl PidFd {
         Ok(PidFd { pid, fd })
     }
 
+    /// Whether this kernel has pidfd_open (Linux 5.3+), tried on our own pid.
+    pub fn probe() -> bool {
+        // SAFETY: pidfd_open with our own pid and no flags; the fd, if any, is closed at once.
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, std::process::id() as i32, 0) };
+        if raw >= 0 {
+            // SAFETY: a fresh fd we own.
+            drop(unsafe { OwnedFd::from_raw_fd(raw as i32) });
+        }
+        raw >= 0
+    }
+
     pub fn pid(&self) -> i32 {
         self.pid
     }

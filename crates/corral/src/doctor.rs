@@ -1,0 +1,297 @@
+//! `containerd-shim-corral-v2 doctor [-containerd-config PATH]`: checks a node for what corral
+//! needs and says what is wrong and how to fix it. Each check is a pure function of what it
+//! reads, so the checks are unit tested on sample inputs.
+
+use std::path::Path;
+
+/// One finding: `Ok` lines inform, `Problem` lines fail the run.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Finding {
+    Ok(String),
+    Problem { what: String, fix: String },
+}
+
+fn ok(s: impl Into<String>) -> Finding {
+    Finding::Ok(s.into())
+}
+
+fn problem(what: impl Into<String>, fix: impl Into<String>) -> Finding {
+    Finding::Problem {
+        what: what.into(),
+        fix: fix.into(),
+    }
+}
+
+/// "containerd github.com/containerd/containerd/v2 2.1.9+unknown ..." -> (2, 1).
+pub fn containerd_minor(version_output: &str) -> Option<(u32, u32)> {
+    let v = version_output.split_whitespace().nth(2)?;
+    let mut parts = v.trim_start_matches('v').split(['.', '+', '-']);
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// The handler tables of a containerd config whose runtime_type resolves to corral.
+pub fn check_containerd_config(text: &str, version: Option<(u32, u32)>) -> Vec<Finding> {
+    let table: toml::Table = match toml::from_str(text) {
+        Ok(t) => t,
+        Err(e) => {
+            return vec![problem(
+                format!("containerd config does not parse: {}", e.message()),
+                "fix the TOML syntax",
+            )]
+        }
+    };
+    // v3 (containerd 2.x) and v2 (1.7) layouts of the CRI runtimes table.
+    let runtimes = ["io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri"]
+        .iter()
+        .find_map(|plugin| {
+            table
+                .get("plugins")?
+                .get(*plugin)?
+                .get("containerd")?
+                .get("runtimes")?
+                .as_table()
+                .cloned()
+        });
+    let Some(runtimes) = runtimes else {
+        return vec![problem(
+            "containerd config has no CRI runtimes table",
+            "add [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral] (see README)",
+        )];
+    };
+    let corral: Vec<_> = runtimes
+        .iter()
+        .filter(|(_, v)| {
+            v.get("runtime_type")
+                .and_then(|t| t.as_str())
+                .is_some_and(|t| {
+                    t == "io.containerd.corral.v2" || t.ends_with("containerd-shim-corral-v2")
+                })
+        })
+        .collect();
+    if corral.is_empty() {
+        return vec![problem(
+            "no runtime handler uses corral",
+            "add [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral] with runtime_type = 'io.containerd.corral.v2' and sandboxer = 'shim'",
+        )];
+    }
+    let mut out = Vec::new();
+    for (name, handler) in corral {
+        let sandboxer = handler
+            .get("sandboxer")
+            .and_then(|s| s.as_str())
+            .unwrap_or("podsandbox");
+        if sandboxer == "shim" {
+            out.push(ok(format!("handler {name:?} uses corral as its sandboxer")));
+        } else {
+            out.push(problem(
+                format!("handler {name:?} has sandboxer = {sandboxer:?}: containerd would start a pause container and use corral as a plain runtime"),
+                format!("set sandboxer = 'shim' in the {name} table"),
+            ));
+        }
+        let old = version.is_some_and(|v| v < (2, 4));
+        if handler.get("options").is_some() && old {
+            out.push(problem(
+                format!("handler {name:?} has an options table: containerd before 2.4 then fails StartContainer (can't unmarshal runtimeoptions.v1.Options)"),
+                format!("remove [..runtimes.{name}.options]; put corral's settings in /etc/corral/config.toml"),
+            ));
+        }
+    }
+    out
+}
+
+pub fn check_containerd_version(version: Option<(u32, u32)>) -> Finding {
+    match version {
+        Some(v) if v >= (2, 1) => ok(format!(
+            "containerd {}.{} (Sandbox API with sandboxer = shim)",
+            v.0, v.1
+        )),
+        Some(v) => problem(
+            format!("containerd {}.{} is too old", v.0, v.1),
+            "install containerd 2.1 or later",
+        ),
+        None => problem(
+            "containerd not found or its version unreadable",
+            "install containerd 2.1+ and put it on PATH",
+        ),
+    }
+}
+
+pub fn check_runtime(
+    binary: &str,
+    version_output: Option<&str>,
+    features_ok: bool,
+) -> Vec<Finding> {
+    match version_output {
+        None => vec![problem(
+            format!("OCI runtime {binary:?} cannot be run"),
+            "install runc (apt-get install runc) or set runtime.binary in /etc/corral/config.toml",
+        )],
+        Some(v) => {
+            let first = v.lines().next().unwrap_or("").to_string();
+            let mut out = vec![ok(first)];
+            if !features_ok {
+                out.push(ok(format!(
+                    "{binary} has no `features` command: -info reports no runtime features"
+                )));
+            }
+            out
+        }
+    }
+}
+
+/// Kernel facilities corral uses: namespaces under /proc/self/ns and pidfds.
+pub fn check_kernel(ns_dir: &Path, pidfd_works: bool) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let missing: Vec<_> = ["net", "ipc", "uts", "pid", "user", "mnt"]
+        .into_iter()
+        .filter(|k| !ns_dir.join(k).exists())
+        .collect();
+    if missing.is_empty() {
+        out.push(ok("namespaces: net, ipc, uts, pid, user, mnt"));
+    } else {
+        out.push(problem(
+            format!("kernel lacks namespaces: {missing:?}"),
+            "use a kernel with CONFIG_NAMESPACES and all namespace types",
+        ));
+    }
+    if pidfd_works {
+        out.push(ok("pidfd_open works"));
+    } else {
+        out.push(problem(
+            "pidfd_open is unavailable (kernel older than 5.3?)",
+            "use Linux 5.3 or later",
+        ));
+    }
+    out
+}
+
+/// Runs every check on this node; returns the findings.
+pub fn run(containerd_config: &Path) -> Vec<Finding> {
+    use std::process::Command;
+    let output = |cmd: &str, args: &[&str]| {
+        Command::new(cmd)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let mut findings = Vec::new();
+    let version_text = output("containerd", &["--version"]);
+    let version = version_text.as_deref().and_then(containerd_minor);
+    findings.push(check_containerd_version(version));
+    match std::fs::read_to_string(containerd_config) {
+        Ok(text) => findings.extend(check_containerd_config(&text, version)),
+        Err(e) => findings.push(problem(
+            format!(
+                "cannot read containerd config {}: {e}",
+                containerd_config.display()
+            ),
+            "pass -containerd-config PATH",
+        )),
+    }
+    match crate::config::Config::load() {
+        Ok(c) => {
+            findings.push(ok(format!(
+                "corral config: runtime {}, shm {}, cgroup driver {:?}",
+                c.runtime.binary, c.pod.shm_size, c.cgroup.driver
+            )));
+            let features = output(&c.runtime.binary, &["features"]).is_some();
+            findings.extend(check_runtime(
+                &c.runtime.binary,
+                output(&c.runtime.binary, &["--version"]).as_deref(),
+                features,
+            ));
+        }
+        Err(e) => findings.push(problem(
+            format!("{e}"),
+            "fix /etc/corral/config.toml (or the file CORRAL_CONFIG names)",
+        )),
+    }
+    match crate::cgroups::Mode::detect() {
+        Ok(m) if m.is_v2() => findings.push(ok("cgroup v2 (unified)")),
+        Ok(_) => findings.push(ok("cgroup v1 (or hybrid)")),
+        Err(e) => findings.push(problem(
+            format!("cgroups: {e}"),
+            "mount cgroupfs at /sys/fs/cgroup",
+        )),
+    }
+    let pidfd = crate::sys::pidfd::PidFd::probe();
+    findings.extend(check_kernel(Path::new("/proc/self/ns"), pidfd));
+    findings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+version = 3
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral]
+  runtime_type = 'io.containerd.corral.v2'
+  sandboxer = 'shim'
+"#;
+
+    fn problems(f: &[Finding]) -> Vec<&str> {
+        f.iter()
+            .filter_map(|f| match f {
+                Finding::Problem { what, .. } => Some(what.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reads_containerd_versions() {
+        assert_eq!(
+            containerd_minor("containerd github.com/containerd/containerd/v2 2.1.9+unknown \n"),
+            Some((2, 1))
+        );
+        assert_eq!(
+            containerd_minor("containerd containerd.io v2.4.0-beta.0 abc"),
+            Some((2, 4))
+        );
+        assert_eq!(containerd_minor("garbage"), None);
+    }
+
+    #[test]
+    fn a_good_handler_passes() {
+        assert!(problems(&check_containerd_config(GOOD, Some((2, 1)))).is_empty());
+    }
+
+    #[test]
+    fn finds_a_missing_handler_a_wrong_sandboxer_and_an_options_table() {
+        let none = "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]\n  runtime_type = 'io.containerd.runc.v2'\n";
+        assert_eq!(
+            problems(&check_containerd_config(none, Some((2, 1)))),
+            ["no runtime handler uses corral"]
+        );
+        let podsandbox = GOOD.replace("sandboxer = 'shim'", "");
+        assert!(
+            problems(&check_containerd_config(&podsandbox, Some((2, 1))))[0]
+                .contains("sandboxer = \"podsandbox\"")
+        );
+        let options = format!("{GOOD}[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral.options]\n  X = 1\n");
+        assert!(
+            problems(&check_containerd_config(&options, Some((2, 1))))[0].contains("options table")
+        );
+        assert!(
+            problems(&check_containerd_config(&options, Some((2, 4)))).is_empty(),
+            "2.4 tolerates options"
+        );
+        assert!(problems(&check_containerd_config("[[[", None))[0].contains("does not parse"));
+    }
+
+    #[test]
+    fn finds_a_missing_runtime_and_an_old_containerd() {
+        assert!(problems(&check_runtime("/no/runc", None, false))[0].contains("cannot be run"));
+        assert!(matches!(
+            check_containerd_version(Some((1, 7))),
+            Finding::Problem { .. }
+        ));
+        assert!(matches!(
+            check_containerd_version(Some((2, 1))),
+            Finding::Ok(_)
+        ));
+    }
+}
