@@ -11,7 +11,7 @@ need_containerd=1
 if command -v containerd >/dev/null 2>&1 && containerd --version | grep -q ' 2\.1\.'; then
   need_containerd=0
 fi
-base_pkgs=(runc containernetworking-plugins busybox-static iproute2 protobuf-compiler)
+base_pkgs=(runc containernetworking-plugins busybox-static iproute2 protobuf-compiler python3-yaml)
 missing=()
 for p in "${base_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
