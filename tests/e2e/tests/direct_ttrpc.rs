@@ -312,3 +312,108 @@ async fn concurrent_deletes_after_a_crash_release_everything() -> Result<()> {
     assert!(!shim.socket.exists(), "socket removed");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_reaches_the_process_and_close_io_ends_it_and_file_stdio_works() -> Result<()> {
+    let id = format!("stdio-{}", std::process::id());
+    let shim = DirectShim::start(&id).await?;
+    let netns = corral_rig::direct::TestNetns::new(&format!("crl-io-{}", std::process::id()))?;
+    let holder = shim
+        .run_pod(
+            &pod_config("stdio", &shim.dir),
+            &netns.path.display().to_string(),
+        )
+        .await?;
+
+    // `cat` reads containerd's stdin FIFO and writes to a file:// log (as ctr and nerdctl use).
+    let cid = format!("{id}-cat");
+    let stdin = shim.dir.join("stdin.fifo");
+    nix::unistd::mkfifo(&stdin, nix::sys::stat::Mode::from_bits_truncate(0o600))?;
+    let log = shim.dir.join("logs/cat.log");
+    let (bundle, rootfs) = corral_rig::direct::container_bundle(&shim.dir, &cid, holder, &["cat"])?;
+    let create = CreateTaskRequest {
+        id: cid.clone(),
+        bundle: bundle.display().to_string(),
+        rootfs,
+        stdin: stdin.display().to_string(),
+        stdout: format!("file://{}", log.display()),
+        ..Default::default()
+    };
+    shim.task.create(ctx(), &create).await?;
+    shim.task
+        .start(
+            ctx(),
+            &StartRequest {
+                id: cid.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    // containerd's side of stdin: a writer on the FIFO.
+    let mut writer = std::fs::OpenOptions::new().write(true).open(&stdin)?;
+    std::io::Write::write_all(&mut writer, b"hello through stdin\n")?;
+    eventually(Duration::from_secs(5), || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        (!text.contains("hello through stdin")).then(|| format!("log has {text:?}"))
+    })
+    .await?;
+    let state = shim
+        .task
+        .state(
+            ctx(),
+            &StateRequest {
+                id: cid.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert_eq!(
+        state.status,
+        containerd_shim_protos::types::task::Status::RUNNING.into(),
+        "cat waits for more input"
+    );
+
+    // CloseIO: cat sees the end of its input and exits 0, although containerd's writer is open.
+    shim.task
+        .close_io(
+            ctx(),
+            &CloseIORequest {
+                id: cid.clone(),
+                stdin: true,
+                ..Default::default()
+            },
+        )
+        .await?;
+    let waited = tokio::time::timeout(
+        Duration::from_secs(5),
+        shim.task.wait(
+            ctx(),
+            &WaitRequest {
+                id: cid.clone(),
+                ..Default::default()
+            },
+        ),
+    )
+    .await??;
+    assert_eq!(waited.exit_status, 0);
+    drop(writer);
+    shim.task
+        .delete(
+            ctx(),
+            &DeleteRequest {
+                id: cid.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    shim.sandbox
+        .shutdown_sandbox(
+            ctx(),
+            &ShutdownSandboxRequest {
+                sandbox_id: id.clone(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    Ok(())
+}

@@ -350,7 +350,12 @@ impl Task for TaskService {
 
     async fn close_io(&self, _: &TtrpcContext, req: CloseIORequest) -> ttrpc::Result<Empty> {
         traced("CloseIO", &req.id, async {
-            self.unimplemented(&req.id, "CloseIO")
+            let (_, c) = self.container(&req.id)?;
+            let process = c.process(&req.exec_id)?;
+            if req.stdin {
+                process.close_stdin();
+            }
+            Ok(Empty::new())
         })
         .await
     }

@@ -44,8 +44,8 @@ pub struct Process {
     status: Mutex<Status>,
     exit: watch::Sender<Option<ExitInfo>>,
     pidfd: OnceLock<PidFd>,
-    /// Reader fds kept on the output FIFOs while the process lives (see `task::stdio`).
-    kept_io: Mutex<Vec<std::fs::File>>,
+    /// What corral holds for the process's stdio while it lives (see `task::stdio`).
+    kept_io: Mutex<crate::task::stdio::Kept>,
 }
 
 impl Process {
@@ -57,18 +57,28 @@ impl Process {
             status: Mutex::new(Status::Created),
             exit: watch::channel(None).0,
             pidfd: OnceLock::new(),
-            kept_io: Mutex::new(Vec::new()),
+            kept_io: Mutex::new(Default::default()),
         }
     }
 
-    /// Keeps the output FIFOs' reader fds until [`Process::release_io`].
-    pub fn keep_io(&self, files: Vec<std::fs::File>) {
-        self.kept_io.lock().unwrap().extend(files);
+    /// Holds the stdio resources until [`Process::release_io`].
+    pub fn keep_io(&self, kept: crate::task::stdio::Kept) {
+        *self.kept_io.lock().unwrap() = kept;
     }
 
-    /// Closes the kept FIFO fds (the process was deleted).
+    /// Gives the process the end of its stdin (CloseIO).
+    pub fn close_stdin(&self) {
+        if let Some(copy) = self.kept_io.lock().unwrap().stdin.take() {
+            copy.abort();
+        }
+    }
+
+    /// Releases the stdio resources (the process was deleted).
     pub fn release_io(&self) {
-        self.kept_io.lock().unwrap().clear();
+        let kept = std::mem::take(&mut *self.kept_io.lock().unwrap());
+        if let Some(copy) = kept.stdin {
+            copy.abort();
+        }
     }
 
     /// Records the process runc created, and starts watching it.
