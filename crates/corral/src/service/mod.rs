@@ -91,6 +91,10 @@ pub async fn traced<T>(
     let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
     match &out {
         Ok(_) => tracing::debug!(rpc, id, elapsed_ms, "ok"),
+        // NotFound is routine (Kill after an exit, probes of deleted ids): not worth a warning.
+        Err(e @ Error::NotFound(_)) => {
+            tracing::debug!(rpc, id, elapsed_ms, error = %e, "not found")
+        }
         Err(e) => tracing::warn!(rpc, id, elapsed_ms, error = %e, "failed"),
     }
     out.map_err(Into::into)

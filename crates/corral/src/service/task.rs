@@ -248,13 +248,6 @@ impl TaskService {
         }
         Ok(())
     }
-
-    /// For the RPCs corral does not implement yet: NotFound for an unknown id, else a precise
-    /// Unimplemented.
-    fn unimplemented<T>(&self, id: &str, what: &str) -> Result<T> {
-        self.container(id)?;
-        Err(Error::Unimplemented(format!("{what}: not implemented yet")))
-    }
 }
 
 #[async_trait]
@@ -343,7 +336,10 @@ impl Task for TaskService {
 
     async fn resize_pty(&self, _: &TtrpcContext, req: ResizePtyRequest) -> ttrpc::Result<Empty> {
         traced("ResizePty", &req.id, async {
-            self.unimplemented(&req.id, "ResizePty (tty)")
+            self.container(&req.id)?;
+            Err::<Empty, _>(Error::Unimplemented(
+                "ResizePty: tty is not implemented yet".into(),
+            ))
         })
         .await
     }

@@ -364,10 +364,6 @@ impl Container {
         let unmounted = rootfs::unmount_rootfs(&self.bundle.join("rootfs"));
         removed.and(unmounted)
     }
-
-    pub fn bundle(&self) -> &Path {
-        &self.bundle
-    }
 }
 
 /// containerd's task manager makes every bundle `<state>/io.containerd.runtime.v2.task/<ns>/<id>`.
