@@ -24,10 +24,7 @@ struct Args {
 }
 
 fn args() -> Result<Args> {
-    let mut a = Args {
-        pods: 30,
-        out: PathBuf::from("target/bench"),
-    };
+    let mut a = Args { pods: 30, out: PathBuf::from("target/bench") };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -62,9 +59,7 @@ async fn wait_for_idle() -> f64 {
     }
     let l = load();
     if l >= 1.0 {
-        progress(&format!(
-            "WARNING: the machine is busy (load {l:.2}); figures will be noisy"
-        ));
+        progress(&format!("WARNING: the machine is busy (load {l:.2}); figures will be noisy"));
     }
     l
 }
@@ -75,11 +70,7 @@ async fn main() -> Result<()> {
     let n = args.pods;
     let load_before = wait_for_idle().await;
     progress("starting a private containerd with the corral and runc handlers");
-    let rig = Rig::start(Options {
-        pause_image: true,
-        ..Default::default()
-    })
-    .await?;
+    let rig = Rig::start(Options { pause_image: true, ..Default::default() }).await?;
     let mut cri = rig.cri().await?;
     let containerd = rig.pid().context("containerd pid")?;
     let mut report = Report::new(n, load_before);
@@ -87,8 +78,7 @@ async fn main() -> Result<()> {
     // Warm caches for both: one pod with a container each, then gone.
     for h in HANDLERS {
         let (pod, cfg) = run_pod(&rig, &mut cri, h, "warm").await?;
-        cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
-            .await?;
+        cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
         cri.stop_and_remove_pod(&pod).await?;
     }
 
@@ -159,8 +149,7 @@ async fn main() -> Result<()> {
         for (k, h) in HANDLERS.iter().enumerate() {
             let started = Instant::now();
             let (pod, cfg) = run_pod(&rig, &mut cri, h, &format!("full{i}")).await?;
-            cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
-                .await?;
+            cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
             full[k].push(started.elapsed().as_secs_f64() * 1000.0);
             cri.stop_and_remove_pod(&pod).await?;
         }
@@ -184,32 +173,16 @@ async fn main() -> Result<()> {
             }
         }
     }
-    report.push(Figure::single(
-        &format!("{n} RunPodSandbox, 4 parallel"),
-        "ms",
-        wall[0],
-        wall[1],
-    ));
-    report.push(Figure::single(
-        &format!("containerd RSS growth, {n} pods"),
-        "MiB",
-        growth[0],
-        growth[1],
-    ));
+    report.push(Figure::single(&format!("{n} RunPodSandbox, 4 parallel"), "ms", wall[0], wall[1]));
+    report.push(Figure::single(&format!("containerd RSS growth, {n} pods"), "MiB", growth[0], growth[1]));
     progress("throughput measured");
 
     report.load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     std::fs::create_dir_all(&args.out)?;
     println!("{}", report.table());
-    std::fs::write(
-        args.out.join("bench.json"),
-        serde_json::to_string_pretty(&report.json())?,
-    )?;
+    std::fs::write(args.out.join("bench.json"), serde_json::to_string_pretty(&report.json())?)?;
     std::fs::write(args.out.join("bench.svg"), report.svg())?;
-    progress(&format!(
-        "wrote {}/bench.json and bench.svg",
-        args.out.display()
-    ));
+    progress(&format!("wrote {}/bench.json and bench.svg", args.out.display()));
     Ok(())
 }
 

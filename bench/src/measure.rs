@@ -14,10 +14,7 @@ impl PodProcesses {
     pub fn find(_handler: &str, sandbox: &str) -> PodProcesses {
         // By command line (shims, holder carry the sandbox id) or by cgroup (the pause container
         // lives in a cgroup named after the sandbox id).
-        let mut pids: Vec<u32> = probe::pids_with_cmdline(sandbox)
-            .into_iter()
-            .map(|p| p as u32)
-            .collect();
+        let mut pids: Vec<u32> = probe::pids_with_cmdline(sandbox).into_iter().map(|p| p as u32).collect();
         for p in probe::pids_in_cgroup_of(sandbox) {
             if !pids.contains(&p) {
                 pids.push(p);
@@ -66,19 +63,9 @@ fn field_kib(text: &str, name: &str) -> f64 {
 /// utime + stime of a process, in ms (clock ticks of 10 ms).
 fn cpu_ms(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
     // After the comm: state is field 3; utime and stime are fields 14 and 15.
-    let ticks = |i: usize| {
-        fields
-            .get(i - 3)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let ticks = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(14) + ticks(15)) * 10.0
 }
 

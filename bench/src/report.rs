@@ -18,10 +18,7 @@ impl Figure {
         Figure {
             name: name.into(),
             unit: unit.into(),
-            stats: [
-                (corral, corral, corral, corral),
-                (baseline, baseline, baseline, baseline),
-            ],
+            stats: [(corral, corral, corral, corral), (baseline, baseline, baseline, baseline)],
             distribution: false,
         }
     }
@@ -43,12 +40,7 @@ pub struct Report {
 
 impl Report {
     pub fn new(pods: usize, load_before: f64) -> Report {
-        Report {
-            pods,
-            load_before,
-            load_after: String::new(),
-            figures: Vec::new(),
-        }
+        Report { pods, load_before, load_after: String::new(), figures: Vec::new() }
     }
 
     pub fn push(&mut self, f: Figure) {
@@ -160,7 +152,5 @@ impl Report {
 }
 
 fn xml(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }

@@ -12,45 +12,15 @@ fn main() {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let target = std::env::var("TARGET").expect("TARGET");
     let status = Command::new(rustc)
-        .args([
-            "--edition=2021",
-            "--crate-type=bin",
-            "--crate-name=corral_holder",
-            "--target",
-            &target,
-        ])
-        .args([
-            "-C",
-            "panic=abort",
-            "-C",
-            "opt-level=s",
-            "-C",
-            "relocation-model=static",
-        ])
-        .args([
-            "-C",
-            "debuginfo=0",
-            "-C",
-            "strip=symbols",
-            "-C",
-            "codegen-units=1",
-        ])
-        .args([
-            "-C",
-            "link-arg=-nostartfiles",
-            "-C",
-            "link-arg=-nostdlib",
-            "-C",
-            "link-arg=-static",
-        ])
+        .args(["--edition=2021", "--crate-type=bin", "--crate-name=corral_holder", "--target", &target])
+        .args(["-C", "panic=abort", "-C", "opt-level=s", "-C", "relocation-model=static"])
+        .args(["-C", "debuginfo=0", "-C", "strip=symbols", "-C", "codegen-units=1"])
+        .args(["-C", "link-arg=-nostartfiles", "-C", "link-arg=-nostdlib", "-C", "link-arg=-static"])
         .args(["-C", "link-arg=-Wl,--build-id=none"])
         .arg("-o")
         .arg(&out)
         .arg("holder/main.rs")
         .status()
         .expect("run rustc for the holder");
-    assert!(
-        status.success(),
-        "building the holder (holder/main.rs) failed"
-    );
+    assert!(status.success(), "building the holder (holder/main.rs) failed");
 }

@@ -46,10 +46,7 @@ fn main() -> ExitCode {
 /// Prints each finding; fails when any is a problem.
 fn doctor(args: &Args) -> corral::Result<()> {
     use corral::doctor::Finding;
-    let config = args
-        .containerd_config
-        .clone()
-        .unwrap_or_else(|| "/etc/containerd/config.toml".into());
+    let config = args.containerd_config.clone().unwrap_or_else(|| "/etc/containerd/config.toml".into());
     let findings = corral::doctor::run(&config);
     let mut problems = 0;
     for f in &findings {
@@ -62,9 +59,7 @@ fn doctor(args: &Args) -> corral::Result<()> {
         }
     }
     if problems > 0 {
-        return Err(corral::Error::precondition(format!(
-            "{problems} problem(s) found"
-        )));
+        return Err(corral::Error::precondition(format!("{problems} problem(s) found")));
     }
     println!("corral can run on this node");
     Ok(())

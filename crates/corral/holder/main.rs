@@ -56,22 +56,9 @@ mod nr {
 }
 
 #[cfg(target_arch = "x86_64")]
-global_asm!(
-    ".globl _start",
-    "_start:",
-    "xor ebp, ebp",
-    "and rsp, -16",
-    "call holder_main",
-    "ud2"
-);
+global_asm!(".globl _start", "_start:", "xor ebp, ebp", "and rsp, -16", "call holder_main", "ud2");
 #[cfg(target_arch = "aarch64")]
-global_asm!(
-    ".globl _start",
-    "_start:",
-    "mov x29, #0",
-    "bl holder_main",
-    "brk #0"
-);
+global_asm!(".globl _start", "_start:", "mov x29, #0", "bl holder_main", "brk #0");
 
 /// A raw system call with up to five arguments; returns the kernel's value (negative errno).
 #[cfg(target_arch = "x86_64")]
@@ -121,16 +108,7 @@ fn open(path: &[u8], flags: usize) -> isize {
         return -36; // ENAMETOOLONG
     }
     buf[..path.len()].copy_from_slice(path);
-    syscall(
-        nr::OPENAT,
-        [
-            AT_FDCWD as usize,
-            buf.as_ptr() as usize,
-            flags | O_CLOEXEC,
-            0,
-            0,
-        ],
-    )
+    syscall(nr::OPENAT, [AT_FDCWD as usize, buf.as_ptr() as usize, flags | O_CLOEXEC, 0, 0])
 }
 
 fn write_all(fd: usize, mut data: &[u8]) -> isize {
@@ -200,23 +178,11 @@ fn enter_pod(spec: &protocol::Spec<'_>) {
         let fd = check(protocol::STEP_OPEN_NETNS, 0, open(netns, O_RDONLY)) as usize;
         if spec.join_netns_owner {
             // The user namespace first: the netns, and what is created below, are owned by it.
-            let user = check(
-                protocol::STEP_NETNS_OWNER,
-                0,
-                syscall(nr::IOCTL, [fd, NS_GET_USERNS, 0, 0, 0]),
-            );
-            check(
-                protocol::STEP_JOIN_USERNS,
-                0,
-                syscall(nr::SETNS, [user as usize, CLONE_NEWUSER, 0, 0, 0]),
-            );
+            let user = check(protocol::STEP_NETNS_OWNER, 0, syscall(nr::IOCTL, [fd, NS_GET_USERNS, 0, 0, 0]));
+            check(protocol::STEP_JOIN_USERNS, 0, syscall(nr::SETNS, [user as usize, CLONE_NEWUSER, 0, 0, 0]));
             syscall(nr::CLOSE, [user as usize, 0, 0, 0, 0]);
         }
-        check(
-            protocol::STEP_JOIN_NETNS,
-            0,
-            syscall(nr::SETNS, [fd, CLONE_NEWNET, 0, 0, 0]),
-        );
+        check(protocol::STEP_JOIN_NETNS, 0, syscall(nr::SETNS, [fd, CLONE_NEWNET, 0, 0, 0]));
         syscall(nr::CLOSE, [fd, 0, 0, 0, 0]);
     }
     let mut flags = 0;
@@ -230,20 +196,13 @@ fn enter_pod(spec: &protocol::Spec<'_>) {
         flags |= CLONE_NEWPID;
     }
     if flags != 0 {
-        check(
-            protocol::STEP_UNSHARE,
-            0,
-            syscall(nr::UNSHARE, [flags, 0, 0, 0, 0]),
-        );
+        check(protocol::STEP_UNSHARE, 0, syscall(nr::UNSHARE, [flags, 0, 0, 0, 0]));
     }
     if let (true, Some(name)) = (spec.new_uts, spec.hostname) {
         check(
             protocol::STEP_HOSTNAME,
             0,
-            syscall(
-                nr::SETHOSTNAME,
-                [name.as_ptr() as usize, name.len(), 0, 0, 0],
-            ),
+            syscall(nr::SETHOSTNAME, [name.as_ptr() as usize, name.len(), 0, 0, 0]),
         );
     }
     // /proc/sys/net and the IPC keys resolve against the writer's namespaces: ours now.
@@ -280,10 +239,7 @@ fn report_ready(pid: isize) {
 fn wait_forever() -> ! {
     let set = WAITED;
     loop {
-        let sig = syscall(
-            nr::RT_SIGTIMEDWAIT,
-            [&set as *const u64 as usize, 0, 0, 8, 0],
-        );
+        let sig = syscall(nr::RT_SIGTIMEDWAIT, [&set as *const u64 as usize, 0, 0, 8, 0]);
         match sig {
             17 => while syscall(nr::WAIT4, [usize::MAX, 0, WNOHANG, 0, 0]) > 0 {},
             1 | 2 | 15 => exit(0),
@@ -297,10 +253,7 @@ extern "C" fn holder_main() -> ! {
     let mut buf = [0u8; 32 * 1024];
     let mut len = 0;
     loop {
-        let n = syscall(
-            nr::READ,
-            [0, buf[len..].as_mut_ptr() as usize, buf.len() - len, 0, 0],
-        );
+        let n = syscall(nr::READ, [0, buf[len..].as_mut_ptr() as usize, buf.len() - len, 0, 0]);
         if n == 0 {
             break;
         }
@@ -315,21 +268,10 @@ extern "C" fn holder_main() -> ! {
     };
     // Block the signals we wait for before anything can send them.
     let set = WAITED;
-    check(
-        protocol::STEP_SIGNALS,
-        0,
-        syscall(
-            nr::RT_SIGPROCMASK,
-            [0, &set as *const u64 as usize, 0, 8, 0],
-        ),
-    );
+    check(protocol::STEP_SIGNALS, 0, syscall(nr::RT_SIGPROCMASK, [0, &set as *const u64 as usize, 0, 8, 0]));
     enter_pod(&spec);
     if spec.new_pid {
-        let child = check(
-            protocol::STEP_FORK,
-            0,
-            syscall(nr::CLONE, [SIGCHLD, 0, 0, 0, 0]),
-        );
+        let child = check(protocol::STEP_FORK, 0, syscall(nr::CLONE, [SIGCHLD, 0, 0, 0, 0]));
         if child > 0 {
             report_ready(child);
             exit(0);
@@ -398,12 +340,7 @@ unsafe extern "C" fn memset(dest: *mut u8, c: i32, n: usize) -> *mut u8 {
 unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
     for i in 0..n {
         // SAFETY: the caller guarantees both ranges are valid for `n` bytes.
-        let (x, y) = unsafe {
-            (
-                core::ptr::read_volatile(a.add(i)),
-                core::ptr::read_volatile(b.add(i)),
-            )
-        };
+        let (x, y) = unsafe { (core::ptr::read_volatile(a.add(i)), core::ptr::read_volatile(b.add(i))) };
         if x != y {
             return x as i32 - y as i32;
         }

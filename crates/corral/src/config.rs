@@ -71,27 +71,19 @@ pub struct Cgroup {
 
 impl Default for Runtime {
     fn default() -> Self {
-        Runtime {
-            binary: "runc".into(),
-            root: PathBuf::from(crate::task::runc::DEFAULT_ROOT),
-        }
+        Runtime { binary: "runc".into(), root: PathBuf::from(crate::task::runc::DEFAULT_ROOT) }
     }
 }
 
 impl Default for Pod {
     fn default() -> Self {
-        Pod {
-            shm_size: "64Mi".into(),
-            default_sysctls: true,
-        }
+        Pod { shm_size: "64Mi".into(), default_sysctls: true }
     }
 }
 
 impl Default for Log {
     fn default() -> Self {
-        Log {
-            level: "info".into(),
-        }
+        Log { level: "info".into() }
     }
 }
 
@@ -107,14 +99,10 @@ impl Config {
     /// The file (if any), then the environment.
     pub fn load() -> Result<Config> {
         let explicit = std::env::var_os("CORRAL_CONFIG").map(PathBuf::from);
-        let path = explicit
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_PATH));
+        let path = explicit.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_PATH));
         let mut config = match std::fs::read_to_string(&path) {
             Ok(text) => Config::parse(&text, &path)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
-                Config::default()
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => Config::default(),
             Err(e) => return Err(Error::io(format!("read config {}", path.display()), e)),
         };
         if let Ok(binary) = std::env::var("CORRAL_RUNC") {
@@ -148,8 +136,7 @@ impl Config {
     }
 
     pub fn shm_size_kib(&self) -> u64 {
-        crate::pod::files::parse_size_kib(&self.pod.shm_size)
-            .unwrap_or(crate::pod::files::SHM_SIZE_KIB)
+        crate::pod::files::parse_size_kib(&self.pod.shm_size).unwrap_or(crate::pod::files::SHM_SIZE_KIB)
     }
 }
 
@@ -186,19 +173,12 @@ mod tests {
         assert!(!c.pod.default_sysctls);
         assert_eq!(c.cgroup.driver, Driver::Systemd);
         assert_eq!(c.log.level, "info");
-        assert_eq!(
-            Config::parse("", Path::new("t.toml")).unwrap(),
-            Config::default()
-        );
+        assert_eq!(Config::parse("", Path::new("t.toml")).unwrap(), Config::default());
     }
 
     #[test]
     fn unknown_keys_and_bad_values_are_named() {
-        let err = |t: &str| {
-            Config::parse(t, Path::new("/etc/corral/config.toml"))
-                .unwrap_err()
-                .to_string()
-        };
+        let err = |t: &str| Config::parse(t, Path::new("/etc/corral/config.toml")).unwrap_err().to_string();
         assert!(
             err("[pod]\nshm = \"1G\"\n").contains("unknown field `shm`"),
             "{}",

@@ -16,10 +16,7 @@ fn ok(s: impl Into<String>) -> Finding {
 }
 
 fn problem(what: impl Into<String>, fix: impl Into<String>) -> Finding {
-    Finding::Problem {
-        what: what.into(),
-        fix: fix.into(),
-    }
+    Finding::Problem { what: what.into(), fix: fix.into() }
 }
 
 /// "containerd github.com/containerd/containerd/v2 2.1.9+unknown ..." -> (2, 1).
@@ -41,17 +38,9 @@ pub fn check_containerd_config(text: &str, version: Option<(u32, u32)>) -> Vec<F
         }
     };
     // v3 (containerd 2.x) and v2 (1.7) layouts of the CRI runtimes table.
-    let runtimes = ["io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri"]
-        .iter()
-        .find_map(|plugin| {
-            table
-                .get("plugins")?
-                .get(*plugin)?
-                .get("containerd")?
-                .get("runtimes")?
-                .as_table()
-                .cloned()
-        });
+    let runtimes = ["io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri"].iter().find_map(|plugin| {
+        table.get("plugins")?.get(*plugin)?.get("containerd")?.get("runtimes")?.as_table().cloned()
+    });
     let Some(runtimes) = runtimes else {
         return vec![problem(
             "containerd config has no CRI runtimes table",
@@ -63,9 +52,7 @@ pub fn check_containerd_config(text: &str, version: Option<(u32, u32)>) -> Vec<F
         .filter(|(_, v)| {
             v.get("runtime_type")
                 .and_then(|t| t.as_str())
-                .is_some_and(|t| {
-                    t == "io.containerd.corral.v2" || t.ends_with("containerd-shim-corral-v2")
-                })
+                .is_some_and(|t| t == "io.containerd.corral.v2" || t.ends_with("containerd-shim-corral-v2"))
         })
         .collect();
     if corral.is_empty() {
@@ -76,10 +63,7 @@ pub fn check_containerd_config(text: &str, version: Option<(u32, u32)>) -> Vec<F
     }
     let mut out = Vec::new();
     for (name, handler) in corral {
-        let sandboxer = handler
-            .get("sandboxer")
-            .and_then(|s| s.as_str())
-            .unwrap_or("podsandbox");
+        let sandboxer = handler.get("sandboxer").and_then(|s| s.as_str()).unwrap_or("podsandbox");
         if sandboxer == "shim" {
             out.push(ok(format!("handler {name:?} uses corral as its sandboxer")));
         } else {
@@ -101,14 +85,12 @@ pub fn check_containerd_config(text: &str, version: Option<(u32, u32)>) -> Vec<F
 
 pub fn check_containerd_version(version: Option<(u32, u32)>) -> Finding {
     match version {
-        Some(v) if v >= (2, 1) => ok(format!(
-            "containerd {}.{} (Sandbox API with sandboxer = shim)",
-            v.0, v.1
-        )),
-        Some(v) => problem(
-            format!("containerd {}.{} is too old", v.0, v.1),
-            "install containerd 2.1 or later",
-        ),
+        Some(v) if v >= (2, 1) => {
+            ok(format!("containerd {}.{} (Sandbox API with sandboxer = shim)", v.0, v.1))
+        }
+        Some(v) => {
+            problem(format!("containerd {}.{} is too old", v.0, v.1), "install containerd 2.1 or later")
+        }
         None => problem(
             "containerd not found or its version unreadable",
             "install containerd 2.1+ and put it on PATH",
@@ -116,11 +98,7 @@ pub fn check_containerd_version(version: Option<(u32, u32)>) -> Finding {
     }
 }
 
-pub fn check_runtime(
-    binary: &str,
-    version_output: Option<&str>,
-    features_ok: bool,
-) -> Vec<Finding> {
+pub fn check_runtime(binary: &str, version_output: Option<&str>, features_ok: bool) -> Vec<Finding> {
     match version_output {
         None => vec![problem(
             format!("OCI runtime {binary:?} cannot be run"),
@@ -157,10 +135,7 @@ pub fn check_kernel(ns_dir: &Path, pidfd_works: bool) -> Vec<Finding> {
     if pidfd_works {
         out.push(ok("pidfd_open works"));
     } else {
-        out.push(problem(
-            "pidfd_open is unavailable (kernel older than 5.3?)",
-            "use Linux 5.3 or later",
-        ));
+        out.push(problem("pidfd_open is unavailable (kernel older than 5.3?)", "use Linux 5.3 or later"));
     }
     out
 }
@@ -183,10 +158,7 @@ pub fn run(containerd_config: &Path) -> Vec<Finding> {
     match std::fs::read_to_string(containerd_config) {
         Ok(text) => findings.extend(check_containerd_config(&text, version)),
         Err(e) => findings.push(problem(
-            format!(
-                "cannot read containerd config {}: {e}",
-                containerd_config.display()
-            ),
+            format!("cannot read containerd config {}: {e}", containerd_config.display()),
             "pass -containerd-config PATH",
         )),
     }
@@ -203,18 +175,13 @@ pub fn run(containerd_config: &Path) -> Vec<Finding> {
                 features,
             ));
         }
-        Err(e) => findings.push(problem(
-            format!("{e}"),
-            "fix /etc/corral/config.toml (or the file CORRAL_CONFIG names)",
-        )),
+        Err(e) => findings
+            .push(problem(format!("{e}"), "fix /etc/corral/config.toml (or the file CORRAL_CONFIG names)")),
     }
     match crate::cgroups::Mode::detect() {
         Ok(m) if m.is_v2() => findings.push(ok("cgroup v2 (unified)")),
         Ok(_) => findings.push(ok("cgroup v1 (or hybrid)")),
-        Err(e) => findings.push(problem(
-            format!("cgroups: {e}"),
-            "mount cgroupfs at /sys/fs/cgroup",
-        )),
+        Err(e) => findings.push(problem(format!("cgroups: {e}"), "mount cgroupfs at /sys/fs/cgroup")),
     }
     let pidfd = crate::sys::pidfd::PidFd::probe();
     findings.extend(check_kernel(Path::new("/proc/self/ns"), pidfd));
@@ -247,10 +214,7 @@ version = 3
             containerd_minor("containerd github.com/containerd/containerd/v2 2.1.9+unknown \n"),
             Some((2, 1))
         );
-        assert_eq!(
-            containerd_minor("containerd containerd.io v2.4.0-beta.0 abc"),
-            Some((2, 4))
-        );
+        assert_eq!(containerd_minor("containerd containerd.io v2.4.0-beta.0 abc"), Some((2, 4)));
         assert_eq!(containerd_minor("garbage"), None);
     }
 
@@ -267,14 +231,12 @@ version = 3
             ["no runtime handler uses corral"]
         );
         let podsandbox = GOOD.replace("sandboxer = 'shim'", "");
-        assert!(
-            problems(&check_containerd_config(&podsandbox, Some((2, 1))))[0]
-                .contains("sandboxer = \"podsandbox\"")
+        assert!(problems(&check_containerd_config(&podsandbox, Some((2, 1))))[0]
+            .contains("sandboxer = \"podsandbox\""));
+        let options = format!(
+            "{GOOD}[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral.options]\n  X = 1\n"
         );
-        let options = format!("{GOOD}[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral.options]\n  X = 1\n");
-        assert!(
-            problems(&check_containerd_config(&options, Some((2, 1))))[0].contains("options table")
-        );
+        assert!(problems(&check_containerd_config(&options, Some((2, 1))))[0].contains("options table"));
         assert!(
             problems(&check_containerd_config(&options, Some((2, 4)))).is_empty(),
             "2.4 tolerates options"
@@ -285,13 +247,7 @@ version = 3
     #[test]
     fn finds_a_missing_runtime_and_an_old_containerd() {
         assert!(problems(&check_runtime("/no/runc", None, false))[0].contains("cannot be run"));
-        assert!(matches!(
-            check_containerd_version(Some((1, 7))),
-            Finding::Problem { .. }
-        ));
-        assert!(matches!(
-            check_containerd_version(Some((2, 1))),
-            Finding::Ok(_)
-        ));
+        assert!(matches!(check_containerd_version(Some((1, 7))), Finding::Problem { .. }));
+        assert!(matches!(check_containerd_version(Some((2, 1))), Finding::Ok(_)));
     }
 }

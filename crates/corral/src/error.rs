@@ -25,17 +25,10 @@ pub enum Error {
     Unimplemented(String),
     /// A system call or file operation failed; `what` names the step and its object.
     #[error("{what}: {source}")]
-    Io {
-        what: String,
-        source: std::io::Error,
-    },
+    Io { what: String, source: std::io::Error },
     /// The OCI runtime failed; `message` is the runtime's own last error.
     #[error("runc {op} {id}: {message}")]
-    Runtime {
-        op: &'static str,
-        id: String,
-        message: String,
-    },
+    Runtime { op: &'static str, id: String, message: String },
     /// The holder process reported a failure at `step`.
     #[error("pod holder: {step}: {message}")]
     Holder { step: String, message: String },
@@ -43,17 +36,11 @@ pub enum Error {
 
 impl Error {
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Io {
-            what: what.into(),
-            source,
-        }
+        Error::Io { what: what.into(), source }
     }
 
     pub fn sys(what: impl Into<String>, errno: nix::Error) -> Self {
-        Error::Io {
-            what: what.into(),
-            source: std::io::Error::from(errno),
-        }
+        Error::Io { what: what.into(), source: std::io::Error::from(errno) }
     }
 
     pub fn invalid(msg: impl Into<String>) -> Self {
@@ -102,9 +89,7 @@ impl From<Error> for ttrpc::Error {
             Error::AlreadyExists(_) => Code::ALREADY_EXISTS,
             Error::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
             Error::Unimplemented(_) => Code::UNIMPLEMENTED,
-            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                Code::NOT_FOUND
-            }
+            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => Code::NOT_FOUND,
             Error::Io { .. } | Error::Runtime { .. } | Error::Holder { .. } => Code::UNKNOWN,
         };
         ttrpc::Error::RpcStatus(ttrpc::get_status(code, err.to_string()))

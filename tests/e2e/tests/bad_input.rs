@@ -26,14 +26,13 @@ async fn bad_requests_get_precise_errors_and_leave_nothing() -> Result<()> {
     let id = format!("badinput-{}", std::process::id());
     let shim = DirectShim::start(&id).await?;
     let base = pod_config("bad", &shim.dir);
-    let create =
-        |options: MessageField<Any>, netns: &str, bundle: &std::path::Path| CreateSandboxRequest {
-            sandbox_id: id.clone(),
-            bundle_path: bundle.display().to_string(),
-            options,
-            netns_path: netns.into(),
-            ..Default::default()
-        };
+    let create = |options: MessageField<Any>, netns: &str, bundle: &std::path::Path| CreateSandboxRequest {
+        sandbox_id: id.clone(),
+        bundle_path: bundle.display().to_string(),
+        options,
+        netns_path: netns.into(),
+        ..Default::default()
+    };
     let any = |type_url: &str, value: Vec<u8>| {
         let mut a = Any::new();
         a.type_url = type_url.into();
@@ -43,8 +42,7 @@ async fn bad_requests_get_precise_errors_and_leave_nothing() -> Result<()> {
     let mut bad_host = base.clone();
     bad_host.hostname = "no_underscores!".into();
     let mut bad_sysctl = base.clone();
-    bad_sysctl.linux.as_mut().unwrap().sysctls =
-        HashMap::from([("net..x".to_string(), "1".to_string())]);
+    bad_sysctl.linux.as_mut().unwrap().sysctls = HashMap::from([("net..x".to_string(), "1".to_string())]);
     let mut bad_cgroup = base.clone();
     bad_cgroup.linux.as_mut().unwrap().cgroup_parent = "/kubepods/../../etc".into();
     let netns = TestNetns::new(&format!("crl-ns-{}", std::process::id()))?;
@@ -59,21 +57,13 @@ async fn bad_requests_get_precise_errors_and_leave_nothing() -> Result<()> {
         ),
         (
             "garbage",
-            create(
-                any("runtime.v1.PodSandboxConfig", vec![0xff; 7]),
-                host_netns,
-                &shim.bundle,
-            ),
+            create(any("runtime.v1.PodSandboxConfig", vec![0xff; 7]), host_netns, &shim.bundle),
             "INVALID_ARGUMENT",
             "options.value: not a PodSandboxConfig",
         ),
         (
             "wrong type",
-            create(
-                any("runtime.v1.ContainerConfig", vec![]),
-                host_netns,
-                &shim.bundle,
-            ),
+            create(any("runtime.v1.ContainerConfig", vec![]), host_netns, &shim.bundle),
             "INVALID_ARGUMENT",
             "options.type_url",
         ),
@@ -115,11 +105,7 @@ async fn bad_requests_get_precise_errors_and_leave_nothing() -> Result<()> {
         ),
     ];
     for (what, req, code, needle) in cases {
-        let err = shim
-            .sandbox
-            .create_sandbox(ctx(), &req)
-            .await
-            .expect_err(what);
+        let err = shim.sandbox.create_sandbox(ctx(), &req).await.expect_err(what);
         let (got_code, message) = status(err);
         assert!(message.contains(needle), "{what}: {message}");
         if code != "NOT_FOUND" {
@@ -143,48 +129,22 @@ async fn bad_requests_get_precise_errors_and_leave_nothing() -> Result<()> {
     // A good pod, with a large annotation (kubelet allows 256 KiB in all).
     let mut good = base.clone();
     good.annotations = HashMap::from([("big".to_string(), "x".repeat(200 * 1024))]);
-    shim.sandbox
-        .create_sandbox(ctx(), &create(pod_options(&good), host_netns, &shim.bundle))
-        .await?;
-    let again = shim
-        .sandbox
-        .create_sandbox(ctx(), &create(pod_options(&good), host_netns, &shim.bundle))
-        .await;
+    shim.sandbox.create_sandbox(ctx(), &create(pod_options(&good), host_netns, &shim.bundle)).await?;
+    let again =
+        shim.sandbox.create_sandbox(ctx(), &create(pod_options(&good), host_netns, &shim.bundle)).await;
     assert_eq!(status(again.unwrap_err()).0, "ALREADY_EXISTS");
     let started = shim
         .sandbox
-        .start_sandbox(
-            ctx(),
-            &StartSandboxRequest {
-                sandbox_id: id.clone(),
-                ..Default::default()
-            },
-        )
+        .start_sandbox(ctx(), &StartSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
         .await?;
 
     // Containers: unknown ids, missing or malformed config.json, a bundle elsewhere, duplicates.
-    let err = shim
-        .task
-        .state(
-            ctx(),
-            &StateRequest {
-                id: "ghost".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_err();
+    let err =
+        shim.task.state(ctx(), &StateRequest { id: "ghost".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(status(err).0, "NOT_FOUND");
     let err = shim
         .task
-        .kill(
-            ctx(),
-            &KillRequest {
-                id: "ghost".into(),
-                signal: 9,
-                ..Default::default()
-            },
-        )
+        .kill(ctx(), &KillRequest { id: "ghost".into(), signal: 9, ..Default::default() })
         .await
         .unwrap_err();
     assert_eq!(status(err).0, "NOT_FOUND");
@@ -198,78 +158,27 @@ async fn bad_requests_get_precise_errors_and_leave_nothing() -> Result<()> {
     let config = bundle.join("config.json");
     let saved = std::fs::read(&config)?;
     std::fs::remove_file(&config)?;
-    let (code, message) = status(
-        shim.task
-            .create(ctx(), &task("c1", &bundle))
-            .await
-            .unwrap_err(),
-    );
-    assert!(
-        code == "NOT_FOUND" && message.contains("config.json"),
-        "{code} {message}"
-    );
+    let (code, message) = status(shim.task.create(ctx(), &task("c1", &bundle)).await.unwrap_err());
+    assert!(code == "NOT_FOUND" && message.contains("config.json"), "{code} {message}");
     std::fs::write(&config, b"{not json")?;
-    let (code, message) = status(
-        shim.task
-            .create(ctx(), &task("c1", &bundle))
-            .await
-            .unwrap_err(),
-    );
-    assert!(
-        code == "INVALID_ARGUMENT" && message.contains("config.json: not JSON"),
-        "{code} {message}"
-    );
-    let (code, message) = status(
-        shim.task
-            .create(ctx(), &task("c1", std::path::Path::new("/etc")))
-            .await
-            .unwrap_err(),
-    );
-    assert!(
-        code == "INVALID_ARGUMENT" && message.starts_with("bundle: \"/etc\""),
-        "{code} {message}"
-    );
-    let (code, message) = status(
-        shim.task
-            .create(ctx(), &task("../c1", &bundle))
-            .await
-            .unwrap_err(),
-    );
-    assert!(
-        code == "INVALID_ARGUMENT" && message.starts_with("id: \"../c1\""),
-        "{code} {message}"
-    );
-    assert!(
-        probe::mounts_containing("c1").is_empty(),
-        "no rootfs left mounted after refusals"
-    );
+    let (code, message) = status(shim.task.create(ctx(), &task("c1", &bundle)).await.unwrap_err());
+    assert!(code == "INVALID_ARGUMENT" && message.contains("config.json: not JSON"), "{code} {message}");
+    let (code, message) =
+        status(shim.task.create(ctx(), &task("c1", std::path::Path::new("/etc"))).await.unwrap_err());
+    assert!(code == "INVALID_ARGUMENT" && message.starts_with("bundle: \"/etc\""), "{code} {message}");
+    let (code, message) = status(shim.task.create(ctx(), &task("../c1", &bundle)).await.unwrap_err());
+    assert!(code == "INVALID_ARGUMENT" && message.starts_with("id: \"../c1\""), "{code} {message}");
+    assert!(probe::mounts_containing("c1").is_empty(), "no rootfs left mounted after refusals");
     std::fs::write(&config, saved)?;
     shim.task.create(ctx(), &task("c1", &bundle)).await?;
-    let (code, _) = status(
-        shim.task
-            .create(ctx(), &task("c1", &bundle))
-            .await
-            .unwrap_err(),
-    );
+    let (code, _) = status(shim.task.create(ctx(), &task("c1", &bundle)).await.unwrap_err());
     assert_eq!(code, "ALREADY_EXISTS");
 
     shim.sandbox
-        .stop_sandbox(
-            ctx(),
-            &StopSandboxRequest {
-                sandbox_id: id.clone(),
-                ..Default::default()
-            },
-        )
+        .stop_sandbox(ctx(), &StopSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
         .await?;
     shim.sandbox
-        .shutdown_sandbox(
-            ctx(),
-            &ShutdownSandboxRequest {
-                sandbox_id: id.clone(),
-                ..Default::default()
-            },
-        )
+        .shutdown_sandbox(ctx(), &ShutdownSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
         .await?;
     let (ok, _) = shim.delete_command(&id, &shim.bundle)?;
     assert!(ok);

@@ -14,10 +14,7 @@ fn version_names_the_release_and_commit() -> Result<()> {
     let text = String::from_utf8(out.stdout)?;
     assert!(out.status.success());
     assert!(
-        text.starts_with(&format!(
-            "containerd-shim-corral-v2 version {}",
-            env!("CARGO_PKG_VERSION")
-        )),
+        text.starts_with(&format!("containerd-shim-corral-v2 version {}", env!("CARGO_PKG_VERSION"))),
         "{text}"
     );
     assert!(text.contains("(commit "), "{text}");
@@ -26,11 +23,8 @@ fn version_names_the_release_and_commit() -> Result<()> {
 
 #[test]
 fn info_answers_a_runtime_info_with_runc_features() -> Result<()> {
-    let mut child = Command::new(shim_binary())
-        .arg("-info")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
+    let mut child =
+        Command::new(shim_binary()).arg("-info").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
     // containerd may send runtime options on stdin; corral reads and ignores them.
     child.stdin.take().unwrap().write_all(b"")?;
     let out = child.wait_with_output()?;
@@ -38,25 +32,16 @@ fn info_answers_a_runtime_info_with_runc_features() -> Result<()> {
     let info = RuntimeInfo::parse_from_bytes(&out.stdout)?;
     assert_eq!(info.name, "io.containerd.corral.v2");
     assert_eq!(info.version.version, env!("CARGO_PKG_VERSION"));
-    assert_eq!(
-        info.features.type_url,
-        "types.containerd.io/opencontainers/runtime-spec/1/features/Features"
-    );
+    assert_eq!(info.features.type_url, "types.containerd.io/opencontainers/runtime-spec/1/features/Features");
     let features: serde_json::Value = serde_json::from_slice(&info.features.value)?;
-    assert!(
-        features["ociVersionMin"].is_string(),
-        "runc's features document: {features}"
-    );
+    assert!(features["ociVersionMin"].is_string(), "runc's features document: {features}");
     Ok(())
 }
 
 /// Runs `doctor` on a containerd config text with extra environment; (success, output).
 fn doctor(config: &str, env: &[(&str, &str)]) -> Result<(bool, String)> {
-    let path = std::env::temp_dir().join(format!(
-        "corral-doctor-{}-{}.toml",
-        std::process::id(),
-        config.len()
-    ));
+    let path =
+        std::env::temp_dir().join(format!("corral-doctor-{}-{}.toml", std::process::id(), config.len()));
     std::fs::write(&path, config)?;
     let out = Command::new(shim_binary())
         .arg("doctor")
@@ -65,10 +50,7 @@ fn doctor(config: &str, env: &[(&str, &str)]) -> Result<(bool, String)> {
         .envs(env.iter().copied())
         .output()?;
     std::fs::remove_file(&path)?;
-    Ok((
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    ))
+    Ok((out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned()))
 }
 
 const HANDLER: &str = "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral]\n  runtime_type = 'io.containerd.corral.v2'\n  sandboxer = 'shim'\n";
@@ -80,19 +62,13 @@ fn doctor_passes_this_node_and_finds_broken_setups() -> Result<()> {
     assert!(out.contains("corral can run on this node"), "{out}");
 
     let (ok, out) = doctor("version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]\n  runtime_type = 'io.containerd.runc.v2'\n", &[])?;
-    assert!(
-        !ok && out.contains("no runtime handler uses corral"),
-        "{out}"
-    );
+    assert!(!ok && out.contains("no runtime handler uses corral"), "{out}");
 
     let with_options = format!("{HANDLER}[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral.options]\n  BinaryName = 'runc'\n");
     let (ok, out) = doctor(&with_options, &[])?;
     assert!(!ok && out.contains("options table"), "{out}");
 
     let (ok, out) = doctor(HANDLER, &[("CORRAL_RUNC", "/nonexistent/runc")])?;
-    assert!(
-        !ok && out.contains("\"/nonexistent/runc\" cannot be run"),
-        "{out}"
-    );
+    assert!(!ok && out.contains("\"/nonexistent/runc\" cannot be run"), "{out}");
     Ok(())
 }

@@ -19,28 +19,16 @@ async fn settings_from_the_config_file_reach_the_pod() -> Result<()> {
         "good",
         "[pod]\nshm_size = \"8Mi\"\ndefault_sysctls = false\n[log]\nlevel = \"debug\"\n",
     )?;
-    let rig = Rig::start(Options {
-        shim_env: vec![format!("CORRAL_CONFIG={path}")],
-        ..Default::default()
-    })
-    .await?;
+    let rig =
+        Rig::start(Options { shim_env: vec![format!("CORRAL_CONFIG={path}")], ..Default::default() }).await?;
     let mut cri = rig.cri().await?;
     let cfg = pod_config("configured", &log_dir(&rig.dir, "configured"));
     let pod = cri.run_pod(&cfg, "corral").await?;
-    let c = cri
-        .run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
-        .await?;
-    let (_, mounts, _) = cri
-        .exec_sync(&c, &["grep", " /dev/shm ", "/proc/mounts"])
-        .await?;
+    let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
+    let (_, mounts, _) = cri.exec_sync(&c, &["grep", " /dev/shm ", "/proc/mounts"]).await?;
     assert!(mounts.contains("size=8192k"), "{mounts}");
     // No containerd defaults: the pod's netns keeps the kernel's values.
-    let (_, start, _) = cri
-        .exec_sync(
-            &c,
-            &["cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"],
-        )
-        .await?;
+    let (_, start, _) = cri.exec_sync(&c, &["cat", "/proc/sys/net/ipv4/ip_unprivileged_port_start"]).await?;
     assert_eq!(start, "1024\n");
     cri.stop_and_remove_pod(&pod).await?;
     std::fs::remove_file(path)?;
@@ -50,22 +38,12 @@ async fn settings_from_the_config_file_reach_the_pod() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_config_file_is_refused_naming_the_key() -> Result<()> {
     let path = config_file("bad", "[pod]\nshm = \"1G\"\n")?;
-    let rig = Rig::start(Options {
-        shim_env: vec![format!("CORRAL_CONFIG={path}")],
-        ..Default::default()
-    })
-    .await?;
+    let rig =
+        Rig::start(Options { shim_env: vec![format!("CORRAL_CONFIG={path}")], ..Default::default() }).await?;
     let mut cri = rig.cri().await?;
     let cfg = pod_config("misconfigured", &log_dir(&rig.dir, "misconfigured"));
-    let err = cri
-        .run_pod(&cfg, "corral")
-        .await
-        .expect_err("RunPodSandbox must fail")
-        .to_string();
-    assert!(
-        err.contains(&path) && err.contains("unknown field `shm`"),
-        "{err}"
-    );
+    let err = cri.run_pod(&cfg, "corral").await.expect_err("RunPodSandbox must fail").to_string();
+    assert!(err.contains(&path) && err.contains("unknown field `shm`"), "{err}");
     std::fs::remove_file(path)?;
     Ok(())
 }

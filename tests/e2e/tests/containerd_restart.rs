@@ -23,12 +23,8 @@ async fn pods_survive_containerd_restarts() -> Result<()> {
         // namespace would not die of SIGPIPE; a child does, and then pid 1 exits); the other
         // just sleeps.
         let script = "( i=0; while true; do echo tick-$i; i=$((i+1)); sleep 0.1; done ); exit 7";
-        let ticker = cri
-            .run_container(&pod, &cfg, &container_config("ticker", script))
-            .await?;
-        let sleeper = cri
-            .run_container(&pod, &cfg, &container_config("sleeper", "exec sleep 1000"))
-            .await?;
+        let ticker = cri.run_container(&pod, &cfg, &container_config("ticker", script)).await?;
+        let sleeper = cri.run_container(&pod, &cfg, &container_config("sleeper", "exec sleep 1000")).await?;
         let ticker_pid = cri.container_pid(&ticker).await?;
         pods.push((pod, ticker, sleeper, logs, ticker_pid));
     }
@@ -38,23 +34,12 @@ async fn pods_survive_containerd_restarts() -> Result<()> {
         rig.restart(signal, Duration::from_millis(1500)).await?;
         let mut cri = rig.cri().await?;
         for (pod, ticker, sleeper, logs, ticker_pid) in &pods {
-            let stat =
-                std::fs::read_to_string(format!("/proc/{ticker_pid}/stat")).unwrap_or_default();
-            assert!(
-                !stat.is_empty() && !stat.contains(") Z"),
-                "{signal}: the ticker's process lives on"
-            );
-            assert!(
-                cri.pod_ready(pod).await?,
-                "{signal}: pod {pod} READY after the restart"
-            );
+            let stat = std::fs::read_to_string(format!("/proc/{ticker_pid}/stat")).unwrap_or_default();
+            assert!(!stat.is_empty() && !stat.contains(") Z"), "{signal}: the ticker's process lives on");
+            assert!(cri.pod_ready(pod).await?, "{signal}: pod {pod} READY after the restart");
             for c in [ticker, sleeper] {
                 let state = cri.container_status(c).await?.status.map(|s| s.state);
-                assert_eq!(
-                    state,
-                    Some(ContainerState::ContainerRunning as i32),
-                    "{signal}: {c} RUNNING"
-                );
+                assert_eq!(state, Some(ContainerState::ContainerRunning as i32), "{signal}: {c} RUNNING");
             }
             let (code, out, _) = cri.exec_sync(sleeper, &["echo", "still-here"]).await?;
             assert_eq!((code, out.as_str()), (0, "still-here\n"));
@@ -62,10 +47,7 @@ async fn pods_survive_containerd_restarts() -> Result<()> {
             let log = logs.join("ticker.log");
             let before = std::fs::read_to_string(&log)?.lines().count();
             eventually(Duration::from_secs(5), || {
-                let now = std::fs::read_to_string(&log)
-                    .unwrap_or_default()
-                    .lines()
-                    .count();
+                let now = std::fs::read_to_string(&log).unwrap_or_default().lines().count();
                 (now <= before + 2).then(|| format!("{signal}: ticker log stuck at {now} lines"))
             })
             .await?;
@@ -76,10 +58,7 @@ async fn pods_survive_containerd_restarts() -> Result<()> {
                 .filter_map(|l| l.rsplit("tick-").next()?.trim().parse().ok())
                 .collect();
             let gaps: Vec<_> = ticks.windows(2).filter(|w| w[1] != w[0] + 1).collect();
-            assert!(
-                gaps.is_empty(),
-                "{signal}: ticks lost across the restart: {gaps:?}"
-            );
+            assert!(gaps.is_empty(), "{signal}: ticks lost across the restart: {gaps:?}");
         }
     }
 
@@ -88,10 +67,7 @@ async fn pods_survive_containerd_restarts() -> Result<()> {
         cri.stop_and_remove_pod(pod).await?;
     }
     eventually(Duration::from_secs(5), || {
-        let left: Vec<_> = pods
-            .iter()
-            .flat_map(|(pod, ..)| probe::pids_with_cmdline(pod))
-            .collect();
+        let left: Vec<_> = pods.iter().flat_map(|(pod, ..)| probe::pids_with_cmdline(pod)).collect();
         (!left.is_empty()).then(|| format!("processes left: {left:?}"))
     })
     .await?;

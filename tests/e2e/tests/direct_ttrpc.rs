@@ -25,21 +25,9 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
     let mut cfg = pod_config("hostnet", &shim.dir);
     pod_ns(&mut cfg).network = NamespaceMode::Node as i32;
     let holder = shim.run_pod(&cfg, "").await?;
-    assert_eq!(
-        probe::ns(holder, "net")?,
-        host("net"),
-        "hostNetwork: node network"
-    );
-    assert_eq!(
-        probe::ns(holder, "uts")?,
-        host("uts"),
-        "hostNetwork: node UTS, as containerd does"
-    );
-    assert_ne!(
-        probe::ns(holder, "ipc")?,
-        host("ipc"),
-        "but the pod's own IPC"
-    );
+    assert_eq!(probe::ns(holder, "net")?, host("net"), "hostNetwork: node network");
+    assert_eq!(probe::ns(holder, "uts")?, host("uts"), "hostNetwork: node UTS, as containerd does");
+    assert_ne!(probe::ns(holder, "ipc")?, host("ipc"), "but the pod's own IPC");
 
     // A container, created the way containerd's task manager does it.
     let cid = format!("{id}-c1");
@@ -50,205 +38,75 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
 
     // Pause and Resume freeze and thaw the container's cgroup; State says PAUSED meanwhile.
     let freezer = format!("/sys/fs/cgroup/freezer/corral-direct/{cid}/freezer.state");
-    shim.task
-        .pause(
-            ctx(),
-            &PauseRequest {
-                id: cid.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
+    shim.task.pause(ctx(), &PauseRequest { id: cid.clone(), ..Default::default() }).await?;
     assert_eq!(std::fs::read_to_string(&freezer)?.trim(), "FROZEN");
-    let state = shim
-        .task
-        .state(
-            ctx(),
-            &StateRequest {
-                id: cid.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
-    assert_eq!(
-        state.status,
-        containerd_shim_protos::types::task::Status::PAUSED.into()
-    );
-    shim.task
-        .resume(
-            ctx(),
-            &ResumeRequest {
-                id: cid.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
+    let state = shim.task.state(ctx(), &StateRequest { id: cid.clone(), ..Default::default() }).await?;
+    assert_eq!(state.status, containerd_shim_protos::types::task::Status::PAUSED.into());
+    shim.task.resume(ctx(), &ResumeRequest { id: cid.clone(), ..Default::default() }).await?;
     assert_eq!(std::fs::read_to_string(&freezer)?.trim(), "THAWED");
 
     // Update applies new resources (OCI LinuxResources JSON, as containerd sends them).
     let mut resources = containerd_shim_protos::protobuf::well_known_types::any::Any::new();
     resources.type_url = "types.containerd.io/opencontainers/runtime-spec/1/LinuxResources".into();
     resources.value = br#"{"memory":{"limit":67108864}}"#.to_vec();
-    let update = UpdateTaskRequest {
-        id: cid.clone(),
-        resources: Some(resources).into(),
-        ..Default::default()
-    };
+    let update =
+        UpdateTaskRequest { id: cid.clone(), resources: Some(resources).into(), ..Default::default() };
     shim.task.update(ctx(), &update).await?;
-    let limit = std::fs::read_to_string(format!(
-        "/sys/fs/cgroup/memory/corral-direct/{cid}/memory.limit_in_bytes"
-    ))?;
+    let limit =
+        std::fs::read_to_string(format!("/sys/fs/cgroup/memory/corral-direct/{cid}/memory.limit_in_bytes"))?;
     assert_eq!(limit.trim(), "67108864");
     let mut bad = update.clone();
     bad.resources.as_mut().unwrap().value = b"[1]".to_vec();
     let err = shim.task.update(ctx(), &bad).await.unwrap_err();
-    assert!(
-        format!("{err:?}").contains("resources.value: not a JSON object"),
-        "{err:?}"
-    );
+    assert!(format!("{err:?}").contains("resources.value: not a JSON object"), "{err:?}");
 
     // Unknown ids are NotFound, by name.
-    let err = shim
-        .task
-        .state(
-            ctx(),
-            &StateRequest {
-                id: "nope".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_err();
+    let err =
+        shim.task.state(ctx(), &StateRequest { id: "nope".into(), ..Default::default() }).await.unwrap_err();
     assert!(
-        format!("{err:?}").contains("NOT_FOUND")
-            && format!("{err:?}").contains("container nope: not found"),
+        format!("{err:?}").contains("NOT_FOUND") && format!("{err:?}").contains("container nope: not found"),
         "{err:?}"
     );
 
-    shim.task
-        .kill(
-            ctx(),
-            &KillRequest {
-                id: cid.clone(),
-                signal: 9,
-                ..Default::default()
-            },
-        )
-        .await?;
-    let waited = shim
-        .task
-        .wait(
-            ctx(),
-            &WaitRequest {
-                id: cid.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
+    shim.task.kill(ctx(), &KillRequest { id: cid.clone(), signal: 9, ..Default::default() }).await?;
+    let waited = shim.task.wait(ctx(), &WaitRequest { id: cid.clone(), ..Default::default() }).await?;
     assert_eq!(waited.exit_status, 137);
-    let deleted = shim
-        .task
-        .delete(
-            ctx(),
-            &DeleteRequest {
-                id: cid.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
+    let deleted = shim.task.delete(ctx(), &DeleteRequest { id: cid.clone(), ..Default::default() }).await?;
     assert_eq!(deleted.exit_status, 137);
 
     // containerd main: Shutdown after every task deletion. The pod lives on, and so does the shim.
-    shim.task
-        .shutdown(
-            ctx(),
-            &ShutdownRequest {
-                id: cid.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
+    shim.task.shutdown(ctx(), &ShutdownRequest { id: cid.clone(), ..Default::default() }).await?;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let status = shim
         .sandbox
-        .sandbox_status(
-            ctx(),
-            &SandboxStatusRequest {
-                sandbox_id: id.clone(),
-                ..Default::default()
-            },
-        )
+        .sandbox_status(ctx(), &SandboxStatusRequest { sandbox_id: id.clone(), ..Default::default() })
         .await?;
-    assert_eq!(
-        status.state, "SANDBOX_READY",
-        "the shim survived TaskService.Shutdown"
-    );
+    assert_eq!(status.state, "SANDBOX_READY", "the shim survived TaskService.Shutdown");
 
     // And a new container in the same pod works.
     let cid2 = format!("{id}-c2");
-    shim.run_container(&cid2, holder, &["sh", "-c", "exit 4"])
-        .await?;
-    let waited = shim
-        .task
-        .wait(
-            ctx(),
-            &WaitRequest {
-                id: cid2.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
+    shim.run_container(&cid2, holder, &["sh", "-c", "exit 4"]).await?;
+    let waited = shim.task.wait(ctx(), &WaitRequest { id: cid2.clone(), ..Default::default() }).await?;
     assert_eq!(waited.exit_status, 4);
-    shim.task
-        .delete(
-            ctx(),
-            &DeleteRequest {
-                id: cid2.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
+    shim.task.delete(ctx(), &DeleteRequest { id: cid2.clone(), ..Default::default() }).await?;
 
     shim.sandbox
-        .stop_sandbox(
-            ctx(),
-            &StopSandboxRequest {
-                sandbox_id: id.clone(),
-                ..Default::default()
-            },
-        )
+        .stop_sandbox(ctx(), &StopSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
         .await?;
     let status = shim
         .sandbox
-        .sandbox_status(
-            ctx(),
-            &SandboxStatusRequest {
-                sandbox_id: id.clone(),
-                ..Default::default()
-            },
-        )
+        .sandbox_status(ctx(), &SandboxStatusRequest { sandbox_id: id.clone(), ..Default::default() })
         .await?;
     assert_eq!(status.state, "SANDBOX_NOTREADY");
     shim.sandbox
-        .shutdown_sandbox(
-            ctx(),
-            &ShutdownSandboxRequest {
-                sandbox_id: id.clone(),
-                ..Default::default()
-            },
-        )
+        .shutdown_sandbox(ctx(), &ShutdownSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
         .await?;
     let socket = shim.socket.clone();
     eventually(Duration::from_secs(3), || {
-        socket
-            .exists()
-            .then(|| "socket still there: the shim did not exit".into())
+        socket.exists().then(|| "socket still there: the shim did not exit".into())
     })
     .await?;
-    assert!(
-        probe::pids_with_cmdline(&id).is_empty(),
-        "no process of the pod is left"
-    );
+    assert!(probe::pids_with_cmdline(&id).is_empty(), "no process of the pod is left");
 
     // containerd then runs `delete`; it must succeed with nothing to do, twice, and print a
     // DeleteResponse.
@@ -260,11 +118,7 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
     }
     let (ok, _) = shim.delete_command(&cid, &bundle)?;
     assert!(ok, "delete for a container id");
-    assert!(
-        probe::mounts_containing(&id).is_empty(),
-        "{:?}",
-        probe::mounts_containing(&id)
-    );
+    assert!(probe::mounts_containing(&id).is_empty(), "{:?}", probe::mounts_containing(&id));
     Ok(())
 }
 
@@ -274,9 +128,7 @@ async fn concurrent_deletes_after_a_crash_release_everything() -> Result<()> {
     let shim = DirectShim::start(&id).await?;
     let netns = corral_rig::direct::TestNetns::new(&format!("crl-race-{}", std::process::id()))?;
     let cfg = pod_config("racing", &shim.dir);
-    let holder = shim
-        .run_pod(&cfg, &netns.path.display().to_string())
-        .await?;
+    let holder = shim.run_pod(&cfg, &netns.path.display().to_string()).await?;
     let cid = format!("{id}-c");
     let (_, created_pid) = shim.run_container(&cid, holder, &["sleep", "1000"]).await?;
 
@@ -285,10 +137,7 @@ async fn concurrent_deletes_after_a_crash_release_everything() -> Result<()> {
         .into_iter()
         .find(|p| probe::cmdline(*p as u32).iter().any(|a| a == "serve"))
         .context("server")?;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(server),
-        nix::sys::signal::Signal::SIGKILL,
-    )?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server), nix::sys::signal::Signal::SIGKILL)?;
     let (a, b) = std::thread::scope(|s| {
         let one = s.spawn(|| shim.delete_command(&id, &shim.bundle));
         let two = s.spawn(|| shim.delete_command(&id, &shim.bundle));
@@ -296,18 +145,12 @@ async fn concurrent_deletes_after_a_crash_release_everything() -> Result<()> {
     });
     assert!(a?.0 && b?.0, "both deletes succeed");
     eventually(Duration::from_secs(3), || {
-        let alive: Vec<u32> = [holder, created_pid]
-            .into_iter()
-            .filter(|p| probe::ns(*p, "net").is_ok())
-            .collect();
+        let alive: Vec<u32> =
+            [holder, created_pid].into_iter().filter(|p| probe::ns(*p, "net").is_ok()).collect();
         (!alive.is_empty()).then(|| format!("still alive: {alive:?}"))
     })
     .await?;
-    assert!(
-        probe::mounts_containing(&id).is_empty(),
-        "{:?}",
-        probe::mounts_containing(&id)
-    );
+    assert!(probe::mounts_containing(&id).is_empty(), "{:?}", probe::mounts_containing(&id));
     assert!(!probe::corral_runc_containers_in(corral_rig::direct::NAMESPACE).contains(&cid));
     assert!(!shim.socket.exists(), "socket removed");
     Ok(())
@@ -318,12 +161,7 @@ async fn stdin_reaches_the_process_and_close_io_ends_it_and_file_stdio_works() -
     let id = format!("stdio-{}", std::process::id());
     let shim = DirectShim::start(&id).await?;
     let netns = corral_rig::direct::TestNetns::new(&format!("crl-io-{}", std::process::id()))?;
-    let holder = shim
-        .run_pod(
-            &pod_config("stdio", &shim.dir),
-            &netns.path.display().to_string(),
-        )
-        .await?;
+    let holder = shim.run_pod(&pod_config("stdio", &shim.dir), &netns.path.display().to_string()).await?;
 
     // `cat` reads containerd's stdin FIFO and writes to a file:// log (as ctr and nerdctl use).
     let cid = format!("{id}-cat");
@@ -340,15 +178,7 @@ async fn stdin_reaches_the_process_and_close_io_ends_it_and_file_stdio_works() -
         ..Default::default()
     };
     shim.task.create(ctx(), &create).await?;
-    shim.task
-        .start(
-            ctx(),
-            &StartRequest {
-                id: cid.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
+    shim.task.start(ctx(), &StartRequest { id: cid.clone(), ..Default::default() }).await?;
     // containerd's side of stdin: a writer on the FIFO.
     let mut writer = std::fs::OpenOptions::new().write(true).open(&stdin)?;
     std::io::Write::write_all(&mut writer, b"hello through stdin\n")?;
@@ -357,16 +187,7 @@ async fn stdin_reaches_the_process_and_close_io_ends_it_and_file_stdio_works() -
         (!text.contains("hello through stdin")).then(|| format!("log has {text:?}"))
     })
     .await?;
-    let state = shim
-        .task
-        .state(
-            ctx(),
-            &StateRequest {
-                id: cid.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
+    let state = shim.task.state(ctx(), &StateRequest { id: cid.clone(), ..Default::default() }).await?;
     assert_eq!(
         state.status,
         containerd_shim_protos::types::task::Status::RUNNING.into(),
@@ -374,46 +195,17 @@ async fn stdin_reaches_the_process_and_close_io_ends_it_and_file_stdio_works() -
     );
 
     // CloseIO: cat sees the end of its input and exits 0, although containerd's writer is open.
-    shim.task
-        .close_io(
-            ctx(),
-            &CloseIORequest {
-                id: cid.clone(),
-                stdin: true,
-                ..Default::default()
-            },
-        )
-        .await?;
+    shim.task.close_io(ctx(), &CloseIORequest { id: cid.clone(), stdin: true, ..Default::default() }).await?;
     let waited = tokio::time::timeout(
         Duration::from_secs(5),
-        shim.task.wait(
-            ctx(),
-            &WaitRequest {
-                id: cid.clone(),
-                ..Default::default()
-            },
-        ),
+        shim.task.wait(ctx(), &WaitRequest { id: cid.clone(), ..Default::default() }),
     )
     .await??;
     assert_eq!(waited.exit_status, 0);
     drop(writer);
-    shim.task
-        .delete(
-            ctx(),
-            &DeleteRequest {
-                id: cid.clone(),
-                ..Default::default()
-            },
-        )
-        .await?;
+    shim.task.delete(ctx(), &DeleteRequest { id: cid.clone(), ..Default::default() }).await?;
     shim.sandbox
-        .shutdown_sandbox(
-            ctx(),
-            &ShutdownSandboxRequest {
-                sandbox_id: id.clone(),
-                ..Default::default()
-            },
-        )
+        .shutdown_sandbox(ctx(), &ShutdownSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
         .await?;
     Ok(())
 }

@@ -24,9 +24,7 @@ async fn task_events_reach_a_real_subscriber() -> Result<()> {
 
     let cfg = pod_config("events", &log_dir(&rig.dir, "events"));
     let pod = cri.run_pod(&cfg, "corral").await?;
-    let c = cri
-        .run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
-        .await?;
+    let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
     cri.exec_sync(&c, &["true"]).await?;
     cri.stop_container(&c).await?;
     cri.remove_container(&c).await?;
@@ -43,11 +41,7 @@ async fn task_events_reach_a_real_subscriber() -> Result<()> {
         let text = std::fs::read_to_string(&out).unwrap_or_default();
         let missing: Vec<_> = wanted
             .iter()
-            .filter(|topic| {
-                !text
-                    .lines()
-                    .any(|l| l.contains(&format!(" {topic} ")) && l.contains(&c))
-            })
+            .filter(|topic| !text.lines().any(|l| l.contains(&format!(" {topic} ")) && l.contains(&c)))
             .collect();
         (!missing.is_empty()).then(|| format!("topics missing for {c}: {missing:?}\n{text}"))
     })

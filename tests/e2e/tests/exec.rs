@@ -11,15 +11,11 @@ async fn exec_sync_returns_output_and_exit_codes_inside_the_pod() -> Result<()> 
     let mut cri = rig.cri().await?;
     let cfg = pod_config("execs", &log_dir(&rig.dir, "execs"));
     let pod = cri.run_pod(&cfg, "corral").await?;
-    let c = cri
-        .run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
-        .await?;
+    let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
 
     let (code, out, _) = cri.exec_sync(&c, &["cat", "/etc/hostname"]).await?;
     assert_eq!((code, out.as_str()), (0, "execs\n"));
-    let (code, out, err) = cri
-        .exec_sync(&c, &["sh", "-c", "echo out; echo err >&2; exit 5"])
-        .await?;
+    let (code, out, err) = cri.exec_sync(&c, &["sh", "-c", "echo out; echo err >&2; exit 5"]).await?;
     assert_eq!((code, out.as_str(), err.as_str()), (5, "out\n", "err\n"));
     // The exec sees the container's pid namespace: its init is pid 1 running sleep.
     let (_, out, _) = cri.exec_sync(&c, &["cat", "/proc/1/cmdline"]).await?;

@@ -27,16 +27,9 @@ fn run(host: &Path, action: &str) -> Result<String> {
         .arg(action)
         .env("HOST_ROOT", host)
         .env("SHIM", shim_binary())
-        .env(
-            "RESTART",
-            format!("echo restarted >> {}", host.join("restarts").display()),
-        )
+        .env("RESTART", format!("echo restarted >> {}", host.join("restarts").display()))
         .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "{action}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    anyhow::ensure!(out.status.success(), "{action}: {}", String::from_utf8_lossy(&out.stderr));
     Ok(String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -54,48 +47,26 @@ fn check(original: &str, plugin: &str, tag: &str) -> Result<()> {
     run(&host, "install")?;
     run(&host, "install")?;
     let text = std::fs::read_to_string(&config)?;
-    assert!(
-        text.starts_with(original),
-        "the rest of the file is kept:\n{text}"
-    );
-    assert_eq!(
-        text.matches("runtimes.corral]").count(),
-        1,
-        "installed once:\n{text}"
-    );
+    assert!(text.starts_with(original), "the rest of the file is kept:\n{text}");
+    assert_eq!(text.matches("runtimes.corral]").count(), 1, "installed once:\n{text}");
     let parsed: toml::Table = toml::from_str(&text)?;
     let handler = &parsed["plugins"][plugin]["containerd"]["runtimes"]["corral"];
-    assert_eq!(
-        handler["runtime_type"].as_str(),
-        Some("io.containerd.corral.v2")
-    );
+    assert_eq!(handler["runtime_type"].as_str(), Some("io.containerd.corral.v2"));
     assert_eq!(handler["sandboxer"].as_str(), Some("shim"));
     let bin = host.join("usr/local/bin/containerd-shim-corral-v2");
     assert!(bin.exists(), "binary installed");
     if plugin == "io.containerd.cri.v1.runtime" {
-        let doctor = Command::new(shim_binary())
-            .arg("doctor")
-            .arg("-containerd-config")
-            .arg(&config)
-            .output()?;
+        let doctor =
+            Command::new(shim_binary()).arg("doctor").arg("-containerd-config").arg(&config).output()?;
         let report = String::from_utf8_lossy(&doctor.stdout);
-        assert!(
-            report.contains("handler \"corral\" uses corral as its sandboxer"),
-            "{report}"
-        );
+        assert!(report.contains("handler \"corral\" uses corral as its sandboxer"), "{report}");
     }
 
     run(&host, "uninstall")?;
-    assert_eq!(
-        std::fs::read_to_string(&config)?,
-        original,
-        "uninstall restores the file"
-    );
+    assert_eq!(std::fs::read_to_string(&config)?, original, "uninstall restores the file");
     assert!(!bin.exists(), "binary removed");
     assert_eq!(
-        std::fs::read_to_string(host.join("restarts"))?
-            .lines()
-            .count(),
+        std::fs::read_to_string(host.join("restarts"))?.lines().count(),
         3,
         "containerd restarted each time"
     );
@@ -114,21 +85,11 @@ fn the_node_installer_adds_and_removes_the_handler() -> Result<()> {
 fn the_manifests_are_the_objects_they_claim() -> Result<()> {
     let kinds = |file: &str| -> Result<String> {
         let script = "import sys, yaml\nfor d in yaml.safe_load_all(open(sys.argv[1])):\n    print(d['apiVersion'], d['kind'], d['metadata']['name'], d.get('handler', ''))";
-        let out = Command::new("python3")
-            .args(["-c", script])
-            .arg(workspace().join(file))
-            .output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "{file}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = Command::new("python3").args(["-c", script]).arg(workspace().join(file)).output()?;
+        anyhow::ensure!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     };
-    assert_eq!(
-        kinds("deploy/runtimeclass.yaml")?,
-        "node.k8s.io/v1 RuntimeClass corral corral\n"
-    );
+    assert_eq!(kinds("deploy/runtimeclass.yaml")?, "node.k8s.io/v1 RuntimeClass corral corral\n");
     assert_eq!(
         kinds("deploy/corral-deploy.yaml")?,
         "v1 ServiceAccount corral-deploy \napps/v1 DaemonSet corral-deploy \n"

@@ -22,56 +22,31 @@ fn snapshot(rig: &Rig, containerd: u32) -> Vec<(&'static str, usize)> {
     let marker = rig.socket.display().to_string();
     let holders = probe::all_pids()
         .into_iter()
-        .filter(|p| {
-            probe::cmdline(*p)
-                .first()
-                .is_some_and(|a| a == "corral-holder")
-        })
+        .filter(|p| probe::cmdline(*p).first().is_some_and(|a| a == "corral-holder"))
         .count();
     // Cgroups below the pods' parents (which are kubelet's, here the rig's): the sandbox's and
     // the containers'.
     let subdirs = |dir: &Path| -> Vec<std::path::PathBuf> {
         std::fs::read_dir(dir)
             .map(|d| {
-                d.flatten()
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.path())
-                    .collect()
+                d.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()).collect()
             })
             .unwrap_or_default()
     };
-    let cgroups = subdirs(Path::new(&format!(
-        "/sys/fs/cgroup/memory/corral-e2e/{}",
-        rig.name
-    )))
-    .iter()
-    .map(|parent| subdirs(parent).len())
-    .sum::<usize>();
+    let cgroups = subdirs(Path::new(&format!("/sys/fs/cgroup/memory/corral-e2e/{}", rig.name)))
+        .iter()
+        .map(|parent| subdirs(parent).len())
+        .sum::<usize>();
     vec![
-        (
-            "mounts under containerd's dirs",
-            probe::mounts_under(&[&rig.state, &rig.root]).len(),
-        ),
-        (
-            "mounts naming corral",
-            probe::mounts_containing("corral/").len(),
-        ),
+        ("mounts under containerd's dirs", probe::mounts_under(&[&rig.state, &rig.root]).len()),
+        ("mounts naming corral", probe::mounts_containing("corral/").len()),
         ("shim processes", probe::pids_with_cmdline(&marker).len()),
         ("holders", holders),
         ("runc containers", probe::corral_runc_containers().len()),
         ("pod and container cgroups", cgroups),
         ("containerd fds", count(format!("/proc/{containerd}/fd"))),
-        (
-            "sandbox bundles",
-            count(
-                rig.state
-                    .join("io.containerd.sandbox.controller.v1.shim/k8s.io"),
-            ),
-        ),
-        (
-            "task bundles",
-            count(rig.state.join("io.containerd.runtime.v2.task/k8s.io")),
-        ),
+        ("sandbox bundles", count(rig.state.join("io.containerd.sandbox.controller.v1.shim/k8s.io"))),
+        ("task bundles", count(rig.state.join("io.containerd.runtime.v2.task/k8s.io"))),
         ("network namespaces", count("/run/netns")),
         ("shim sockets", count("/run/corral/s")),
     ]
@@ -79,10 +54,7 @@ fn snapshot(rig: &Rig, containerd: u32) -> Vec<(&'static str, usize)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_cycles_under_load_leave_nothing() -> Result<()> {
-    let cycles: usize = std::env::var("CORRAL_LOAD_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(24);
+    let cycles: usize = std::env::var("CORRAL_LOAD_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(24);
     let rig = Arc::new(Rig::start(Options::default()).await?);
     let containerd = rig.pid().unwrap_or(0);
     let cycle = |i: usize| {
@@ -93,9 +65,7 @@ async fn pod_cycles_under_load_leave_nothing() -> Result<()> {
             let mut cfg = pod_config(&name, &log_dir(&rig.dir, &name));
             cfg.linux.as_mut().unwrap().cgroup_parent = rig.cgroup_parent(&name);
             let pod = cri.run_pod(&cfg, "corral").await?;
-            let c = cri
-                .run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
-                .await?;
+            let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
             cri.stop_container(&c).await?;
             cri.remove_container(&c).await?;
             cri.stop_and_remove_pod(&pod).await?;
@@ -122,11 +92,7 @@ async fn pod_cycles_under_load_leave_nothing() -> Result<()> {
 
     eventually(Duration::from_secs(10), || {
         let now = snapshot(&rig, containerd);
-        let diff: Vec<_> = now
-            .iter()
-            .zip(&baseline)
-            .filter(|(a, b)| a.1 != b.1)
-            .collect();
+        let diff: Vec<_> = now.iter().zip(&baseline).filter(|(a, b)| a.1 != b.1).collect();
         (!diff.is_empty()).then(|| format!("after {cycles} cycles, not back at baseline: {diff:?}"))
     })
     .await

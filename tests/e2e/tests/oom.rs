@@ -17,10 +17,7 @@ async fn a_container_over_its_memory_limit_is_reported_oom_killed() -> Result<()
     let pod = cri.run_pod(&cfg, "corral").await?;
 
     // The shell keeps 64 MiB in a variable under a 32 MiB limit.
-    let mut hog = container_config(
-        "hog",
-        "x=$(head -c 67108864 /dev/zero | tr '\\0' a); echo survived",
-    );
+    let mut hog = container_config("hog", "x=$(head -c 67108864 /dev/zero | tr '\\0' a); echo survived");
     hog.linux.as_mut().unwrap().resources = Some(LinuxContainerResources {
         memory_limit_in_bytes: 32 << 20,
         memory_swap_limit_in_bytes: 32 << 20,
@@ -36,11 +33,7 @@ async fn a_container_over_its_memory_limit_is_reported_oom_killed() -> Result<()
         if status.reason == "OOMKilled" {
             break;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "reason {:?}, not OOMKilled",
-            status.reason
-        );
+        assert!(std::time::Instant::now() < deadline, "reason {:?}, not OOMKilled", status.reason);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 

@@ -23,24 +23,13 @@ async fn a_container_exit_code_is_reported() -> Result<()> {
     let cfg = pod_config("exits", &log_dir(&rig.dir, "exits"));
     let pod = cri.run_pod(&cfg, HANDLER).await?;
 
-    let c = cri
-        .run_container(&pod, &cfg, &container_config("three", "echo bye; exit 3"))
-        .await?;
+    let c = cri.run_container(&pod, &cfg, &container_config("three", "echo bye; exit 3")).await?;
     assert_eq!(cri.wait_exited(&c, Duration::from_secs(10)).await?, 3);
     // Killed from the node (inside its pid namespace, pid 1 would ignore the signal).
-    let killed = cri
-        .run_container(&pod, &cfg, &container_config("killed", "exec sleep 1000"))
-        .await?;
+    let killed = cri.run_container(&pod, &cfg, &container_config("killed", "exec sleep 1000")).await?;
     let pid = cri.container_pid(&killed).await?;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )?;
-    assert_eq!(
-        cri.wait_exited(&killed, Duration::from_secs(10)).await?,
-        137,
-        "128 + SIGKILL"
-    );
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL)?;
+    assert_eq!(cri.wait_exited(&killed, Duration::from_secs(10)).await?, 137, "128 + SIGKILL");
     // The pod outlives its containers.
     assert!(cri.pod_ready(&pod).await?);
 
@@ -60,9 +49,7 @@ async fn a_container_is_replaced_in_the_same_pod_without_the_shim_exiting() -> R
     let shim = shim_pids(&pod);
     assert_eq!(shim.len(), 1, "one shim server per pod: {shim:?}");
 
-    let first = cri
-        .run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
-        .await?;
+    let first = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
     cri.stop_container(&first).await?;
     cri.remove_container(&first).await?;
     // The pod has no container now; it must still be there and serve a new one (attempt 1).
@@ -71,17 +58,8 @@ async fn a_container_is_replaced_in_the_same_pod_without_the_shim_exiting() -> R
     again.metadata.as_mut().context("metadata")?.attempt = 1;
     again.log_path = "app-1.log".into();
     let second = cri.run_container(&pod, &cfg, &again).await?;
-    wait_for_text(
-        &logs.join("app-1.log"),
-        "second-life",
-        Duration::from_secs(10),
-    )
-    .await?;
-    assert_eq!(
-        shim_pids(&pod),
-        shim,
-        "the same shim process serves the pod"
-    );
+    wait_for_text(&logs.join("app-1.log"), "second-life", Duration::from_secs(10)).await?;
+    assert_eq!(shim_pids(&pod), shim, "the same shim process serves the pod");
 
     cri.stop_container(&second).await?;
     cri.remove_container(&second).await?;
@@ -97,37 +75,24 @@ async fn a_container_is_replaced_in_the_same_pod_without_the_shim_exiting() -> R
 async fn a_second_pod_runs_beside_the_first_in_its_own_namespaces() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
-    let (cfg_a, cfg_b) = (
-        pod_config("alpha", &log_dir(&rig.dir, "alpha")),
-        pod_config("beta", &log_dir(&rig.dir, "beta")),
-    );
+    let (cfg_a, cfg_b) =
+        (pod_config("alpha", &log_dir(&rig.dir, "alpha")), pod_config("beta", &log_dir(&rig.dir, "beta")));
     let a = cri.run_pod(&cfg_a, HANDLER).await?;
-    let ca = cri
-        .run_container(&a, &cfg_a, &container_config("app", "exec sleep 1000"))
-        .await?;
+    let ca = cri.run_container(&a, &cfg_a, &container_config("app", "exec sleep 1000")).await?;
     let b = cri.run_pod(&cfg_b, HANDLER).await?;
-    let cb = cri
-        .run_container(&b, &cfg_b, &container_config("app", "exec sleep 1000"))
-        .await?;
+    let cb = cri.run_container(&b, &cfg_b, &container_config("app", "exec sleep 1000")).await?;
 
     assert!(cri.pod_ready(&a).await? && cri.pod_ready(&b).await?);
     let (pa, pb) = (cri.container_pid(&ca).await?, cri.container_pid(&cb).await?);
     for kind in ["net", "ipc", "uts"] {
-        assert_ne!(
-            probe::ns(pa, kind)?,
-            probe::ns(pb, kind)?,
-            "{kind}: pods are isolated"
-        );
+        assert_ne!(probe::ns(pa, kind)?, probe::ns(pb, kind)?, "{kind}: pods are isolated");
     }
     assert_ne!(shim_pids(&a), shim_pids(&b), "one shim per pod");
 
     cri.stop_and_remove_pod(&a).await?;
     // Removing one pod leaves the other untouched.
     assert!(cri.pod_ready(&b).await?);
-    assert!(
-        std::path::Path::new(&format!("/proc/{pb}")).exists(),
-        "pod b's container still runs"
-    );
+    assert!(std::path::Path::new(&format!("/proc/{pb}")).exists(), "pod b's container still runs");
     cri.stop_and_remove_pod(&b).await?;
     Ok(())
 }

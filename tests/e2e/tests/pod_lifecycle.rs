@@ -41,52 +41,27 @@ async fn a_pod_with_two_containers_shares_the_pod_namespaces_and_leaves_nothing(
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
     let images = cri.image_names().await?;
-    assert!(
-        !images.iter().any(|i| i == PAUSE),
-        "the pause image must not be present: {images:?}"
-    );
+    assert!(!images.iter().any(|i| i == PAUSE), "the pause image must not be present: {images:?}");
 
     let logs = log_dir(&rig.dir, "twins");
     let pod_cfg = pod_config("twins", &logs);
     let pod = cri.run_pod(&pod_cfg, HANDLER).await?;
-    assert!(
-        cri.pod_ready(&pod).await?,
-        "pod is READY after RunPodSandbox"
-    );
+    assert!(cri.pod_ready(&pod).await?, "pod is READY after RunPodSandbox");
     let holder = holder_pid(&pod).context("a holder process for the pod")?;
 
-    let script = "echo hello-from-one; echo host=$(hostname); echo file=$(cat /etc/hostname); exec sleep 1000";
-    let c1 = cri
-        .run_container(&pod, &pod_cfg, &container_config("one", script))
-        .await?;
-    let c2 = cri
-        .run_container(&pod, &pod_cfg, &container_config("two", "exec sleep 1000"))
-        .await?;
+    let script =
+        "echo hello-from-one; echo host=$(hostname); echo file=$(cat /etc/hostname); exec sleep 1000";
+    let c1 = cri.run_container(&pod, &pod_cfg, &container_config("one", script)).await?;
+    let c2 = cri.run_container(&pod, &pod_cfg, &container_config("two", "exec sleep 1000")).await?;
 
     let (p1, p2) = (init_pid(&c1)?, init_pid(&c2)?);
-    assert_eq!(
-        cri.container_pid(&c1).await?,
-        p1,
-        "CRI's task pid is the container's init"
-    );
+    assert_eq!(cri.container_pid(&c1).await?, p1, "CRI's task pid is the container's init");
     let host = std::process::id();
     for kind in ["net", "ipc", "uts"] {
         let sandbox_ns = probe::ns(holder, kind)?;
-        assert_eq!(
-            probe::ns(p1, kind)?,
-            sandbox_ns,
-            "{kind}: container one joins the pod"
-        );
-        assert_eq!(
-            probe::ns(p2, kind)?,
-            sandbox_ns,
-            "{kind}: container two joins the pod"
-        );
-        assert_ne!(
-            probe::ns(host, kind)?,
-            sandbox_ns,
-            "{kind}: the pod is not the host"
-        );
+        assert_eq!(probe::ns(p1, kind)?, sandbox_ns, "{kind}: container one joins the pod");
+        assert_eq!(probe::ns(p2, kind)?, sandbox_ns, "{kind}: container two joins the pod");
+        assert_ne!(probe::ns(host, kind)?, sandbox_ns, "{kind}: the pod is not the host");
     }
     // kubelet's default: each container has its own pid namespace.
     assert_ne!(probe::ns(p1, "pid")?, probe::ns(p2, "pid")?);
@@ -100,32 +75,16 @@ async fn a_pod_with_two_containers_shares_the_pod_namespaces_and_leaves_nothing(
 
     // No pause container: containerd has no container record for the sandbox id.
     let containers = rig.ctr(&["containers", "ls", "-q"])?;
-    assert!(
-        !containers.contains(&pod),
-        "sandbox id among containers: {containers}"
-    );
-    assert!(
-        containers.contains(&c1) && containers.contains(&c2),
-        "{containers}"
-    );
+    assert!(!containers.contains(&pod), "sandbox id among containers: {containers}");
+    assert!(containers.contains(&c1) && containers.contains(&c2), "{containers}");
     // A pause container would need containerd's runc shim: none runs for this containerd.
     let runc_shims: Vec<_> = probe::pids_with_cmdline(&rig.socket.display().to_string())
         .into_iter()
-        .filter(|p| {
-            probe::cmdline(*p as u32)
-                .first()
-                .is_some_and(|a| a.contains("containerd-shim-runc"))
-        })
+        .filter(|p| probe::cmdline(*p as u32).first().is_some_and(|a| a.contains("containerd-shim-runc")))
         .collect();
-    assert!(
-        runc_shims.is_empty(),
-        "containerd-shim-runc-v2 running: {runc_shims:?}"
-    );
+    assert!(runc_shims.is_empty(), "containerd-shim-runc-v2 running: {runc_shims:?}");
     let shims = probe::pids_with_cmdline(&pod);
-    assert!(
-        !shims.is_empty(),
-        "the corral shim runs with the sandbox id"
-    );
+    assert!(!shims.is_empty(), "the corral shim runs with the sandbox id");
 
     let shim = *shims.first().context("shim")?;
     let socket = probe::cmdline(shim as u32)
@@ -150,9 +109,7 @@ async fn a_pod_with_two_containers_shares_the_pod_namespaces_and_leaves_nothing(
         (!left.is_empty()).then(|| {
             format!(
                 "corral processes left: {left:?} {:?}",
-                left.iter()
-                    .map(|p| probe::cmdline(*p as u32))
-                    .collect::<Vec<_>>()
+                left.iter().map(|p| probe::cmdline(*p as u32)).collect::<Vec<_>>()
             )
         })
     })
@@ -162,23 +119,14 @@ async fn a_pod_with_two_containers_shares_the_pod_namespaces_and_leaves_nothing(
         "container processes gone"
     );
     let left = probe::mounts_under(&[&rig.state, &rig.root]);
-    assert!(
-        left.is_empty(),
-        "mounts left under containerd's dirs: {left:?}"
-    );
+    assert!(left.is_empty(), "mounts left under containerd's dirs: {left:?}");
     assert!(
         probe::mounts_containing(&pod).is_empty(),
         "pins or shm left: {:?}",
         probe::mounts_containing(&pod)
     );
-    assert!(
-        !std::path::Path::new(&socket).exists(),
-        "socket {socket} left"
-    );
+    assert!(!std::path::Path::new(&socket).exists(), "socket {socket} left");
     let runc = probe::corral_runc_containers();
-    assert!(
-        !runc.contains(&c1) && !runc.contains(&c2),
-        "runc containers left: {runc:?}"
-    );
+    assert!(!runc.contains(&c1) && !runc.contains(&c2), "runc containers left: {runc:?}");
     Ok(())
 }

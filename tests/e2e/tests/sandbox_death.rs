@@ -11,11 +11,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 fn holder_of(sandbox: &str) -> Option<i32> {
-    probe::pids_with_cmdline(sandbox).into_iter().find(|p| {
-        probe::cmdline(*p as u32)
-            .get(1)
-            .is_some_and(|a| a == "holder")
-    })
+    probe::pids_with_cmdline(sandbox)
+        .into_iter()
+        .find(|p| probe::cmdline(*p as u32).get(1).is_some_and(|a| a == "holder"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,20 +22,12 @@ async fn a_killed_holder_ends_the_pod_and_kubelet_recreates_it() -> Result<()> {
     let mut cri = rig.cri().await?;
     let mut cfg = pod_config("phoenix", &log_dir(&rig.dir, "phoenix"));
     let old = cri.run_pod(&cfg, "corral").await?;
-    let c = cri
-        .run_container(&old, &cfg, &container_config("app", "exec sleep 1000"))
-        .await?;
+    let c = cri.run_container(&old, &cfg, &container_config("app", "exec sleep 1000")).await?;
 
-    kill(
-        Pid::from_raw(holder_of(&old).context("holder")?),
-        Signal::SIGKILL,
-    )?;
+    kill(Pid::from_raw(holder_of(&old).context("holder")?), Signal::SIGKILL)?;
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while cri.pod_ready(&old).await? {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "pod still READY after its holder died"
-        );
+        assert!(std::time::Instant::now() < deadline, "pod still READY after its holder died");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -49,9 +39,7 @@ async fn a_killed_holder_ends_the_pod_and_kubelet_recreates_it() -> Result<()> {
     cri.remove_container(&c).await?;
     cri.stop_and_remove_pod(&old).await?;
     assert!(cri.pod_ready(&new).await?, "the new pod is READY");
-    let c2 = cri
-        .run_container(&new, &cfg, &container_config("app", "exec sleep 1000"))
-        .await?;
+    let c2 = cri.run_container(&new, &cfg, &container_config("app", "exec sleep 1000")).await?;
     assert_eq!(cri.exec_sync(&c2, &["hostname"]).await?.1, "phoenix\n");
 
     eventually(Duration::from_secs(3), || {
@@ -59,11 +47,7 @@ async fn a_killed_holder_ends_the_pod_and_kubelet_recreates_it() -> Result<()> {
         (!left.is_empty()).then(|| format!("processes of the old pod: {left:?}"))
     })
     .await?;
-    assert!(
-        probe::mounts_containing(&old).is_empty(),
-        "{:?}",
-        probe::mounts_containing(&old)
-    );
+    assert!(probe::mounts_containing(&old).is_empty(), "{:?}", probe::mounts_containing(&old));
     cri.stop_and_remove_pod(&new).await?;
     Ok(())
 }

@@ -15,9 +15,7 @@ async fn a_killed_shim_is_cleaned_up_by_delete_and_the_pod_goes_notready() -> Re
     let mut cri = rig.cri().await?;
     let cfg = pod_config("crash", &log_dir(&rig.dir, "crash"));
     let pod = cri.run_pod(&cfg, "corral").await?;
-    let c = cri
-        .run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
-        .await?;
+    let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
     let init = cri.container_pid(&c).await?;
     let of_pod = |role: &str| -> Vec<i32> {
         probe::pids_with_cmdline(&pod)
@@ -39,10 +37,7 @@ async fn a_killed_shim_is_cleaned_up_by_delete_and_the_pod_goes_notready() -> Re
     let deadline = std::time::Instant::now() + Duration::from_secs(1);
     // (Right after the crash PodSandboxStatus may fail once: the connection is closing.)
     while cri.pod_ready(&pod).await.unwrap_or(true) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "pod still READY 1 s after its shim died"
-        );
+        assert!(std::time::Instant::now() < deadline, "pod still READY 1 s after its shim died");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // containerd's `delete` killed the holder and the container, and removed the socket.
@@ -58,10 +53,7 @@ async fn a_killed_shim_is_cleaned_up_by_delete_and_the_pod_goes_notready() -> Re
         "pins or shm left: {:?}",
         probe::mounts_containing(&pod)
     );
-    assert!(
-        !probe::corral_runc_containers().contains(&c),
-        "runc container left"
-    );
+    assert!(!probe::corral_runc_containers().contains(&c), "runc container left");
 
     // CRI's Task.Wait broke with the shim: it marks the container exited (255).
     assert_eq!(cri.wait_exited(&c, Duration::from_secs(5)).await?, 255);
@@ -70,9 +62,6 @@ async fn a_killed_shim_is_cleaned_up_by_delete_and_the_pod_goes_notready() -> Re
     cri.remove_container(&c).await?;
     cri.stop_and_remove_pod(&pod).await?;
     let left = probe::mounts_under(&[&rig.state, &rig.root]);
-    assert!(
-        left.is_empty(),
-        "mounts left under containerd's dirs: {left:?}"
-    );
+    assert!(left.is_empty(), "mounts left under containerd's dirs: {left:?}");
     Ok(())
 }

@@ -16,32 +16,21 @@ const KEYS: [&str; 4] = [
 ];
 
 fn host_values() -> Vec<String> {
-    KEYS.iter()
-        .map(|k| std::fs::read_to_string(format!("/proc/sys/{k}")).unwrap_or_default())
-        .collect()
+    KEYS.iter().map(|k| std::fs::read_to_string(format!("/proc/sys/{k}")).unwrap_or_default()).collect()
 }
 
 async fn values_in_pod(rig: &Rig, cri: &mut Cri, handler: &str) -> Result<Vec<String>> {
     let name = format!("sysctl-{handler}");
     let mut cfg = pod_config(&name, &log_dir(&rig.dir, &name));
     cfg.linux.as_mut().unwrap().sysctls = HashMap::from([
-        (
-            "net.ipv4.ip_local_port_range".to_string(),
-            "20000 30000".to_string(),
-        ),
+        ("net.ipv4.ip_local_port_range".to_string(), "20000 30000".to_string()),
         ("kernel.shmmni".to_string(), "2048".to_string()),
     ]);
     let pod = cri.run_pod(&cfg, handler).await?;
-    let c = cri
-        .run_container(&pod, &cfg, &container_config("app", "exec sleep 1000"))
-        .await?;
+    let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
     let mut values = Vec::new();
     for key in KEYS {
-        values.push(
-            cri.exec_sync(&c, &["cat", &format!("/proc/sys/{key}")])
-                .await?
-                .1,
-        );
+        values.push(cri.exec_sync(&c, &["cat", &format!("/proc/sys/{key}")]).await?.1);
     }
     cri.stop_and_remove_pod(&pod).await?;
     Ok(values)
@@ -49,11 +38,7 @@ async fn values_in_pod(rig: &Rig, cri: &mut Cri, handler: &str) -> Result<Vec<St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_sysctls_apply_inside_the_pod_and_never_on_the_host() -> Result<()> {
-    let rig = Rig::start(Options {
-        pause_image: true,
-        ..Default::default()
-    })
-    .await?;
+    let rig = Rig::start(Options { pause_image: true, ..Default::default() }).await?;
     let mut cri = rig.cri().await?;
     let host_before = host_values();
 
@@ -63,11 +48,7 @@ async fn pod_sysctls_apply_inside_the_pod_and_never_on_the_host() -> Result<()> 
     // containerd's defaults for pods with their own network namespace.
     assert_eq!(corral[2], "0\t2147483647\n");
     assert_eq!(corral[3], "0\n");
-    assert_eq!(
-        host_values(),
-        host_before,
-        "the host's sysctls are unchanged"
-    );
+    assert_eq!(host_values(), host_before, "the host's sysctls are unchanged");
 
     let pause = values_in_pod(&rig, &mut cri, "runc").await?;
     assert_eq!(pause, corral, "the pause sandbox applies the same values");
@@ -91,15 +72,8 @@ async fn a_host_level_sysctl_is_refused_naming_the_key_and_nothing_is_left() -> 
     ] {
         let mut cfg = pod_config("refused", &log_dir(&rig.dir, "refused"));
         cfg.linux.as_mut().unwrap().sysctls = HashMap::from([(key.to_string(), value.to_string())]);
-        let err = cri
-            .run_pod(&cfg, "corral")
-            .await
-            .expect_err("RunPodSandbox must fail")
-            .to_string();
-        assert!(
-            err.contains(&format!("sysctls[{key:?}]")) && err.contains(why),
-            "{err}"
-        );
+        let err = cri.run_pod(&cfg, "corral").await.expect_err("RunPodSandbox must fail").to_string();
+        assert!(err.contains(&format!("sysctls[{key:?}]")) && err.contains(why), "{err}");
     }
 
     let socket = rig.socket.display().to_string();
@@ -115,17 +89,12 @@ async fn a_host_level_sysctl_is_refused_naming_the_key_and_nothing_is_left() -> 
     // Tests run in parallel: a new socket is a leak only if no server answers on it.
     let stale: Vec<_> = sockets()
         .into_iter()
-        .filter(|s| {
-            !sockets_before.contains(s) && std::os::unix::net::UnixStream::connect(s).is_err()
-        })
+        .filter(|s| !sockets_before.contains(s) && std::os::unix::net::UnixStream::connect(s).is_err())
         .collect();
     assert!(stale.is_empty(), "stale sockets left: {stale:?}");
-    let bundles = rig
-        .state
-        .join("io.containerd.sandbox.controller.v1.shim/k8s.io");
-    let left: Vec<_> = std::fs::read_dir(&bundles)
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
+    let bundles = rig.state.join("io.containerd.sandbox.controller.v1.shim/k8s.io");
+    let left: Vec<_> =
+        std::fs::read_dir(&bundles).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     assert!(left.is_empty(), "sandbox bundles left: {left:?}");
     assert!(cri
         .runtime

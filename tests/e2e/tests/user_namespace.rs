@@ -14,11 +14,7 @@ fn owner_inode(path: &str) -> Result<u64> {
     let file = std::fs::File::open(path)?;
     // SAFETY: NS_GET_USERNS (_IO(0xb7, 1)) takes no argument and returns a new fd or -1.
     let fd = unsafe { libc::ioctl(file.as_raw_fd(), 0xb701 as _) };
-    anyhow::ensure!(
-        fd >= 0,
-        "NS_GET_USERNS on {path}: {}",
-        std::io::Error::last_os_error()
-    );
+    anyhow::ensure!(fd >= 0, "NS_GET_USERNS on {path}: {}", std::io::Error::last_os_error());
     // SAFETY: a fresh fd from the ioctl, owned here.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     Ok(std::fs::File::from(owned).metadata()?.ino())
@@ -29,18 +25,9 @@ async fn a_pod_user_namespace_owns_the_pod_namespaces() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
     let mut cfg = pod_config("userns", &log_dir(&rig.dir, "userns"));
-    let map = || {
-        vec![IdMapping {
-            host_id: 200_000,
-            container_id: 0,
-            length: 65_536,
-        }]
-    };
-    pod_ns(&mut cfg).userns_options = Some(UserNamespace {
-        mode: NamespaceMode::Pod as i32,
-        uids: map(),
-        gids: map(),
-    });
+    let map = || vec![IdMapping { host_id: 200_000, container_id: 0, length: 65_536 }];
+    pod_ns(&mut cfg).userns_options =
+        Some(UserNamespace { mode: NamespaceMode::Pod as i32, uids: map(), gids: map() });
     let pod = cri.run_pod(&cfg, "corral").await?;
     let holder = probe::pids_with_cmdline(&pod)
         .into_iter()
@@ -48,17 +35,9 @@ async fn a_pod_user_namespace_owns_the_pod_namespaces() -> Result<()> {
         .context("holder")?;
 
     let user = std::fs::metadata(format!("/proc/{holder}/ns/user"))?.ino();
-    assert_ne!(
-        user,
-        std::fs::metadata("/proc/self/ns/user")?.ino(),
-        "not the node's user namespace"
-    );
+    assert_ne!(user, std::fs::metadata("/proc/self/ns/user")?.ino(), "not the node's user namespace");
     let uid_map = std::fs::read_to_string(format!("/proc/{holder}/uid_map"))?;
-    assert_eq!(
-        uid_map.split_whitespace().collect::<Vec<_>>(),
-        ["0", "200000", "65536"],
-        "CRI's mapping"
-    );
+    assert_eq!(uid_map.split_whitespace().collect::<Vec<_>>(), ["0", "200000", "65536"], "CRI's mapping");
     for kind in ["net", "ipc", "uts"] {
         assert_eq!(
             owner_inode(&format!("/proc/{holder}/ns/{kind}"))?,

@@ -24,9 +24,7 @@ impl Cri {
             .connect_with_connector(tower::service_fn(move |_: Uri| {
                 let socket = socket.clone();
                 async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(socket).await?,
-                    ))
+                    Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(socket).await?))
                 }
             }))
             .await?;
@@ -38,24 +36,13 @@ impl Cri {
 
     /// RuntimeReady and NetworkReady both true.
     pub async fn ready(&mut self) -> Result<bool> {
-        let status = self
-            .runtime
-            .status(StatusRequest { verbose: false })
-            .await?
-            .into_inner();
+        let status = self.runtime.status(StatusRequest { verbose: false }).await?.into_inner();
         let conds = status.status.map(|s| s.conditions).unwrap_or_default();
-        Ok(["RuntimeReady", "NetworkReady"]
-            .iter()
-            .all(|t| conds.iter().any(|c| c.r#type == *t && c.status)))
+        Ok(["RuntimeReady", "NetworkReady"].iter().all(|t| conds.iter().any(|c| c.r#type == *t && c.status)))
     }
 
     pub async fn image_names(&mut self) -> Result<Vec<String>> {
-        let images = self
-            .images
-            .list_images(ListImagesRequest { filter: None })
-            .await?
-            .into_inner()
-            .images;
+        let images = self.images.list_images(ListImagesRequest { filter: None }).await?.into_inner().images;
         Ok(images.into_iter().flat_map(|i| i.repo_tags).collect())
     }
 
@@ -74,10 +61,7 @@ impl Cri {
     pub async fn pod_status(&mut self, id: &str) -> Result<PodSandboxStatusResponse> {
         Ok(self
             .runtime
-            .pod_sandbox_status(PodSandboxStatusRequest {
-                pod_sandbox_id: id.into(),
-                verbose: true,
-            })
+            .pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: id.into(), verbose: true })
             .await
             .map_err(|s| anyhow!("PodSandboxStatus: {}", s.message()))?
             .into_inner())
@@ -107,9 +91,7 @@ impl Cri {
             .into_inner()
             .container_id;
         self.runtime
-            .start_container(StartContainerRequest {
-                container_id: id.clone(),
-            })
+            .start_container(StartContainerRequest { container_id: id.clone() })
             .await
             .map_err(|s| anyhow!("StartContainer: {}", s.message()))?;
         Ok(id)
@@ -118,10 +100,7 @@ impl Cri {
     pub async fn container_status(&mut self, id: &str) -> Result<ContainerStatusResponse> {
         Ok(self
             .runtime
-            .container_status(ContainerStatusRequest {
-                container_id: id.into(),
-                verbose: true,
-            })
+            .container_status(ContainerStatusRequest { container_id: id.into(), verbose: true })
             .await
             .map_err(|s| anyhow!("ContainerStatus: {}", s.message()))?
             .into_inner())
@@ -132,29 +111,19 @@ impl Cri {
         let status = self.container_status(id).await?;
         let info = status.info.get("info").context("no verbose info")?;
         let v: serde_json::Value = serde_json::from_str(info)?;
-        v["pid"]
-            .as_u64()
-            .map(|p| p as u32)
-            .context("no pid in verbose info")
+        v["pid"].as_u64().map(|p| p as u32).context("no pid in verbose info")
     }
 
     /// Waits until the container has exited; returns its exit code.
     pub async fn wait_exited(&mut self, id: &str, timeout: Duration) -> Result<i32> {
         let deadline = Instant::now() + timeout;
         loop {
-            let s = self
-                .container_status(id)
-                .await?
-                .status
-                .context("no status")?;
+            let s = self.container_status(id).await?.status.context("no status")?;
             if s.state == ContainerState::ContainerExited as i32 {
                 return Ok(s.exit_code);
             }
             if Instant::now() > deadline {
-                bail!(
-                    "container {id} still in state {} after {timeout:?}",
-                    s.state
-                );
+                bail!("container {id} still in state {} after {timeout:?}", s.state);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -181,10 +150,7 @@ impl Cri {
 
     pub async fn stop_container(&mut self, id: &str) -> Result<()> {
         self.runtime
-            .stop_container(StopContainerRequest {
-                container_id: id.into(),
-                timeout: 2,
-            })
+            .stop_container(StopContainerRequest { container_id: id.into(), timeout: 2 })
             .await
             .map_err(|s| anyhow!("StopContainer: {}", s.message()))?;
         Ok(())
@@ -192,9 +158,7 @@ impl Cri {
 
     pub async fn remove_container(&mut self, id: &str) -> Result<()> {
         self.runtime
-            .remove_container(RemoveContainerRequest {
-                container_id: id.into(),
-            })
+            .remove_container(RemoveContainerRequest { container_id: id.into() })
             .await
             .map_err(|s| anyhow!("RemoveContainer: {}", s.message()))?;
         Ok(())
@@ -202,9 +166,7 @@ impl Cri {
 
     pub async fn stop_pod(&mut self, id: &str) -> Result<()> {
         self.runtime
-            .stop_pod_sandbox(StopPodSandboxRequest {
-                pod_sandbox_id: id.into(),
-            })
+            .stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: id.into() })
             .await
             .map_err(|s| anyhow!("StopPodSandbox: {}", s.message()))?;
         Ok(())
@@ -212,9 +174,7 @@ impl Cri {
 
     pub async fn remove_pod(&mut self, id: &str) -> Result<()> {
         self.runtime
-            .remove_pod_sandbox(RemovePodSandboxRequest {
-                pod_sandbox_id: id.into(),
-            })
+            .remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id.into() })
             .await
             .map_err(|s| anyhow!("RemovePodSandbox: {}", s.message()))?;
         Ok(())
@@ -258,14 +218,8 @@ pub fn pod_config(name: &str, log_dir: &Path) -> PodSandboxConfig {
 /// A busybox container running `sh -c script`, logging to `<pod log dir>/<name>.log`.
 pub fn container_config(name: &str, script: &str) -> ContainerConfig {
     ContainerConfig {
-        metadata: Some(ContainerMetadata {
-            name: name.into(),
-            attempt: 0,
-        }),
-        image: Some(ImageSpec {
-            image: crate::BUSYBOX.into(),
-            ..Default::default()
-        }),
+        metadata: Some(ContainerMetadata { name: name.into(), attempt: 0 }),
+        image: Some(ImageSpec { image: crate::BUSYBOX.into(), ..Default::default() }),
         command: vec!["/bin/sh".into(), "-c".into(), script.into()],
         log_path: format!("{name}.log"),
         linux: Some(LinuxContainerConfig {
@@ -307,10 +261,7 @@ pub async fn wait_for_text(path: &Path, needle: &str, timeout: Duration) -> Resu
             return Ok(text);
         }
         if Instant::now() > deadline {
-            bail!(
-                "{} does not contain {needle:?} after {timeout:?}; it has: {text:?}",
-                path.display()
-            );
+            bail!("{} does not contain {needle:?} after {timeout:?}; it has: {text:?}", path.display());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

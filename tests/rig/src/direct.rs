@@ -18,8 +18,7 @@ use prost::Message;
 /// containerd's namespace for direct shims (so nothing collides with CRI's k8s.io).
 pub const NAMESPACE: &str = "corral-direct";
 
-static DIRECT_CGROUPS_USED: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
+static DIRECT_CGROUPS_USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl Drop for DirectShim {
     /// Removes the bundle and the empty parent cgroup runc made for direct containers.
@@ -62,20 +61,14 @@ impl DirectShim {
         let bundle = dir.join("bundle");
         std::fs::create_dir_all(bundle.join("rootfs"))?;
         let out = Command::new(shim_binary())
-            .args([
-                "-namespace",
-                NAMESPACE,
-                "-address",
-                "/run/corral-rig/direct/none.sock",
-            ])
+            .args(["-namespace", NAMESPACE, "-address", "/run/corral-rig/direct/none.sock"])
             .args(["-publish-binary", "/bin/true", "-id", id, "start"])
             .current_dir(&bundle)
             .output()?;
         if !out.status.success() {
             bail!("start: {}", String::from_utf8_lossy(&out.stderr));
         }
-        let reply: serde_json::Value =
-            serde_json::from_slice(&out.stdout).context("start prints JSON")?;
+        let reply: serde_json::Value = serde_json::from_slice(&out.stdout).context("start prints JSON")?;
         let address = reply["address"].as_str().context("address")?.to_string();
         let socket = PathBuf::from(address.trim_start_matches("unix://"));
         let client = ttrpc::asynchronous::Client::connect(&address).await?;
@@ -91,11 +84,7 @@ impl DirectShim {
 
     /// CreateSandbox and StartSandbox for `config` with CRI's `netns` ("" for the node's);
     /// returns the sandbox pid.
-    pub async fn run_pod(
-        &self,
-        config: &k8s_cri::v1::PodSandboxConfig,
-        netns: &str,
-    ) -> Result<u32> {
+    pub async fn run_pod(&self, config: &k8s_cri::v1::PodSandboxConfig, netns: &str) -> Result<u32> {
         use containerd_shim_protos::sandbox_api::{CreateSandboxRequest, StartSandboxRequest};
         let create = CreateSandboxRequest {
             sandbox_id: self.id.clone(),
@@ -105,21 +94,13 @@ impl DirectShim {
             ..Default::default()
         };
         self.sandbox.create_sandbox(ctx(), &create).await?;
-        let start = StartSandboxRequest {
-            sandbox_id: self.id.clone(),
-            ..Default::default()
-        };
+        let start = StartSandboxRequest { sandbox_id: self.id.clone(), ..Default::default() };
         Ok(self.sandbox.start_sandbox(ctx(), &start).await?.pid)
     }
 
     /// A container made by [`container_bundle`], created and started the way containerd's task
     /// manager does it; returns its bundle and init pid.
-    pub async fn run_container(
-        &self,
-        cid: &str,
-        sandbox_pid: u32,
-        args: &[&str],
-    ) -> Result<(PathBuf, u32)> {
+    pub async fn run_container(&self, cid: &str, sandbox_pid: u32, args: &[&str]) -> Result<(PathBuf, u32)> {
         use containerd_shim_protos::api::{CreateTaskRequest, StartRequest};
         let (bundle, rootfs) = container_bundle(&self.dir, cid, sandbox_pid, args)?;
         std::fs::write(bundle.join("sandbox"), &self.id)?;
@@ -130,15 +111,7 @@ impl DirectShim {
             ..Default::default()
         };
         let pid = self.task.create(ctx(), &create).await?.pid;
-        self.task
-            .start(
-                ctx(),
-                &StartRequest {
-                    id: cid.into(),
-                    ..Default::default()
-                },
-            )
-            .await?;
+        self.task.start(ctx(), &StartRequest { id: cid.into(), ..Default::default() }).await?;
         Ok((bundle, pid))
     }
 
@@ -146,12 +119,7 @@ impl DirectShim {
     /// exit status of the command and the bytes it printed.
     pub fn delete_command(&self, id: &str, bundle: &Path) -> Result<(bool, Vec<u8>)> {
         let out = Command::new(shim_binary())
-            .args([
-                "-namespace",
-                NAMESPACE,
-                "-address",
-                "/run/corral-rig/direct/none.sock",
-            ])
+            .args(["-namespace", NAMESPACE, "-address", "/run/corral-rig/direct/none.sock"])
             .args(["-publish-binary", "/bin/true", "-id", id, "-bundle"])
             .arg(bundle)
             .arg("delete")
@@ -178,10 +146,7 @@ pub fn container_bundle(
     args: &[&str],
 ) -> Result<(PathBuf, Vec<Mount>)> {
     // The layout containerd's task manager uses, which corral checks.
-    let bundle = dir
-        .join("io.containerd.runtime.v2.task")
-        .join(NAMESPACE)
-        .join(cid);
+    let bundle = dir.join("io.containerd.runtime.v2.task").join(NAMESPACE).join(cid);
     let image = dir.join(format!("{cid}-image"));
     std::fs::create_dir_all(bundle.join("rootfs"))?;
     std::fs::create_dir_all(image.join("bin"))?;
@@ -189,17 +154,11 @@ pub fn container_bundle(
         std::fs::create_dir_all(image.join(d))?;
     }
     std::fs::copy("/bin/busybox", image.join("bin/busybox"))?;
-    std::fs::set_permissions(
-        image.join("bin/busybox"),
-        std::fs::Permissions::from_mode(0o755),
-    )?;
+    std::fs::set_permissions(image.join("bin/busybox"), std::fs::Permissions::from_mode(0o755))?;
     for applet in ["sh", "sleep", "cat", "hostname", "readlink", "echo", "ls"] {
         let _ = std::os::unix::fs::symlink("busybox", image.join("bin").join(applet));
     }
-    let status = Command::new("runc")
-        .arg("spec")
-        .current_dir(&bundle)
-        .status()?;
+    let status = Command::new("runc").arg("spec").current_dir(&bundle).status()?;
     if !status.success() {
         bail!("runc spec failed");
     }
@@ -237,17 +196,12 @@ impl TestNetns {
         if !status.success() {
             bail!("ip netns add {name} failed");
         }
-        Ok(TestNetns {
-            name: name.into(),
-            path: PathBuf::from("/run/netns").join(name),
-        })
+        Ok(TestNetns { name: name.into(), path: PathBuf::from("/run/netns").join(name) })
     }
 }
 
 impl Drop for TestNetns {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "delete", &self.name])
-            .status();
+        let _ = Command::new("ip").args(["netns", "delete", &self.name]).status();
     }
 }

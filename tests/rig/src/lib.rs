@@ -27,17 +27,12 @@ pub const PAUSE: &str = "registry.k8s.io/pause:3.10";
 
 /// The workspace root (this crate lives in tests/rig).
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("workspace root")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
 }
 
 /// Directory holding `containerd-shim-corral-v2`: `CORRAL_SHIM_DIR`, else target/debug.
 pub fn shim_dir() -> PathBuf {
-    std::env::var_os("CORRAL_SHIM_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/debug"))
+    std::env::var_os("CORRAL_SHIM_DIR").map(PathBuf::from).unwrap_or_else(|| workspace().join("target/debug"))
 }
 
 #[derive(Clone, Debug, Default)]
@@ -158,11 +153,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
     fn spawn(&mut self) -> Result<()> {
         let log = std::fs::File::create(&self.log)?;
-        let path = format!(
-            "{}:{}",
-            shim_dir().display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
+        let path = format!("{}:{}", shim_dir().display(), std::env::var("PATH").unwrap_or_default());
         let child = Command::new("containerd")
             .arg("--config")
             .arg(self.dir.join("config.toml"))
@@ -179,15 +170,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
     async fn wait_ready(&mut self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                bail!(
-                    "containerd exited early ({status}); log: {}",
-                    self.log_tail(30)
-                );
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                bail!("containerd exited early ({status}); log: {}", self.log_tail(30));
             }
             if self.socket.exists() {
                 if let Ok(mut cri) = Cri::connect(&self.socket).await {
@@ -197,10 +181,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
                 }
             }
             if Instant::now() > deadline {
-                bail!(
-                    "containerd not ready after 30 s; log: {}",
-                    self.log_tail(30)
-                );
+                bail!("containerd not ready after 30 s; log: {}", self.log_tail(30));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -265,11 +246,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
     /// Kills containerd with `signal`, waits `downtime`, and starts it again on the same
     /// directories.
-    pub async fn restart(
-        &mut self,
-        signal: nix::sys::signal::Signal,
-        downtime: Duration,
-    ) -> Result<()> {
+    pub async fn restart(&mut self, signal: nix::sys::signal::Signal, downtime: Duration) -> Result<()> {
         self.stop_daemon(signal);
         tokio::time::sleep(downtime).await;
         self.spawn()?;
@@ -299,21 +276,15 @@ impl Drop for Rig {
         // What a failed test may have left: its pods' holders and containers.
         let ids = |plugin: &str| -> Vec<String> {
             std::fs::read_dir(self.state.join(plugin).join("k8s.io"))
-                .map(|d| {
-                    d.flatten()
-                        .map(|e| e.file_name().to_string_lossy().into_owned())
-                        .collect()
-                })
+                .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
                 .unwrap_or_default()
         };
         let sandboxes = ids("io.containerd.sandbox.controller.v1.shim");
         let containers = ids("io.containerd.runtime.v2.task");
         self.stop_daemon(nix::sys::signal::Signal::SIGTERM);
         let kill = |pid: i32| {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         };
         let marker = self.socket.display().to_string();
         probe::pids_with_cmdline(&marker).into_iter().for_each(kill);
@@ -322,15 +293,12 @@ impl Drop for Rig {
         }
         for cid in &containers {
             for root in ["/run/corral/runc/k8s.io", "/run/containerd/runc/k8s.io"] {
-                let _ = Command::new("runc")
-                    .args(["--root", root, "delete", "--force", cid])
-                    .output();
+                let _ = Command::new("runc").args(["--root", root, "delete", "--force", cid]).output();
             }
         }
         std::thread::sleep(Duration::from_millis(100));
-        for m in probe::mounts_under(&[&self.dir, self.state.parent().unwrap_or(&self.state)])
-            .into_iter()
-            .rev()
+        for m in
+            probe::mounts_under(&[&self.dir, self.state.parent().unwrap_or(&self.state)]).into_iter().rev()
         {
             let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
         }
@@ -362,10 +330,7 @@ fn remove_cgroup_tree(dir: &Path) {
 
 /// Polls `check` until it returns `None` or `timeout` passes; returns the last complaint.
 /// For facts that settle shortly after an RPC returns (a process finishing its exit).
-pub async fn eventually<F: FnMut() -> Option<String>>(
-    timeout: Duration,
-    mut check: F,
-) -> Result<()> {
+pub async fn eventually<F: FnMut() -> Option<String>>(timeout: Duration, mut check: F) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         match check() {

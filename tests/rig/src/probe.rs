@@ -20,11 +20,7 @@ pub fn cmdline(pid: u32) -> Vec<String> {
 
 pub fn all_pids() -> Vec<u32> {
     std::fs::read_dir("/proc")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect()
-        })
+        .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
         .unwrap_or_default()
 }
 
@@ -42,9 +38,7 @@ pub fn pids_with_cmdline(needle: &str) -> Vec<i32> {
 pub fn pids_in_cgroup_of(id: &str) -> Vec<u32> {
     all_pids()
         .into_iter()
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(id))
-        })
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains(id)))
         .collect()
 }
 
@@ -76,14 +70,9 @@ pub fn corral_runc_containers() -> Vec<String> {
 /// Container ids runc knows in corral's runc root for a containerd namespace.
 pub fn corral_runc_containers_in(namespace: &str) -> Vec<String> {
     let root = format!("/run/corral/runc/{namespace}");
-    let out = std::process::Command::new("runc")
-        .args(["--root", &root, "list", "-q"])
-        .output();
+    let out = std::process::Command::new("runc").args(["--root", &root, "list", "-q"]).output();
     match out {
-        Ok(o) => String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .map(str::to_string)
-            .collect(),
+        Ok(o) => String::from_utf8_lossy(&o.stdout).lines().map(str::to_string).collect(),
         Err(_) => Vec::new(),
     }
 }

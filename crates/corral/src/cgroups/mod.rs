@@ -30,15 +30,13 @@ impl Mode {
     /// Reads the host's cgroup layout. Hybrid hosts (v1 controllers plus an empty unified
     /// hierarchy) count as v1: that is where the controllers are.
     pub fn detect() -> Result<Mode> {
-        let stat =
-            nix::sys::statfs::statfs(CGROUP_ROOT).with_path("statfs", Path::new(CGROUP_ROOT))?;
+        let stat = nix::sys::statfs::statfs(CGROUP_ROOT).with_path("statfs", Path::new(CGROUP_ROOT))?;
         if stat.filesystem_type().0 as i64 == CGROUP2_SUPER_MAGIC {
             return Ok(Mode::V2(PathBuf::from(CGROUP_ROOT)));
         }
         let info = std::fs::read_to_string("/proc/self/mountinfo")
             .with_path("read", Path::new("/proc/self/mountinfo"))?;
-        let known = std::fs::read_to_string("/proc/cgroups")
-            .with_path("read", Path::new("/proc/cgroups"))?;
+        let known = std::fs::read_to_string("/proc/cgroups").with_path("read", Path::new("/proc/cgroups"))?;
         Ok(Mode::V1(parse_v1_mounts(&info, &controllers(&known))))
     }
 
@@ -92,11 +90,8 @@ fn parse_v1_mounts(mountinfo: &str, known: &[String]) -> Vec<(Vec<String>, PathB
         let Some(mount_point) = left.split(' ').nth(4) else {
             continue;
         };
-        let ctrls: Vec<String> = super_opts
-            .split(',')
-            .filter(|o| known.iter().any(|k| k == o))
-            .map(str::to_string)
-            .collect();
+        let ctrls: Vec<String> =
+            super_opts.split(',').filter(|o| known.iter().any(|k| k == o)).map(str::to_string).collect();
         // Named hierarchies without controllers (name=systemd) carry no resources.
         if ctrls.is_empty() {
             continue;
@@ -126,21 +121,14 @@ impl PodCgroup {
     /// Creates `<parent>/<sandbox id>` in every hierarchy. Parents kubelet has not made yet are
     /// created too (and left for kubelet, which owns them).
     pub fn create(mode: &Mode, parent: &str, sandbox_id: &str) -> Result<PodCgroup> {
-        let rel = format!(
-            "{}/{}",
-            path::resolve_parent(parent)?.trim_end_matches('/'),
-            sandbox_id
-        );
+        let rel = format!("{}/{}", path::resolve_parent(parent)?.trim_end_matches('/'), sandbox_id);
         for dir in mode.dirs(&rel) {
             std::fs::create_dir_all(&dir).with_path("create cgroup", &dir)?;
         }
         if let Some(cpuset) = mode.dir_of("cpuset", &rel).filter(|_| !mode.is_v2()) {
             inherit_cpuset(&cpuset)?;
         }
-        Ok(PodCgroup {
-            rel,
-            mode: mode.clone(),
-        })
+        Ok(PodCgroup { rel, mode: mode.clone() })
     }
 
     pub fn add(&self, pid: i32) -> Result<()> {
@@ -171,11 +159,7 @@ impl PodCgroup {
             Mode::V2(_) => {
                 self.write("cpu", "cpu.weight", &shares_to_weight(shares).to_string())?;
                 if let Some(quota) = res.cpu_quota.filter(|q| *q > 0) {
-                    self.write(
-                        "cpu",
-                        "cpu.max",
-                        &format!("{quota} {}", res.cpu_period.unwrap_or(100_000)),
-                    )?;
+                    self.write("cpu", "cpu.max", &format!("{quota} {}", res.cpu_period.unwrap_or(100_000)))?;
                 }
                 if let Some(limit) = res.memory_limit.filter(|l| *l > 0) {
                     self.write("memory", "memory.max", &limit.to_string())?;
@@ -234,12 +218,9 @@ fn inherit_cpuset(dir: &Path) -> Result<()> {
         cur = d.parent();
     }
     for d in chain.iter().rev() {
-        let parent = d
-            .parent()
-            .ok_or_else(|| Error::invalid("cpuset cgroup without a parent"))?;
+        let parent = d.parent().ok_or_else(|| Error::invalid("cpuset cgroup without a parent"))?;
         for file in ["cpuset.cpus", "cpuset.mems"] {
-            let value =
-                std::fs::read_to_string(parent.join(file)).with_path("read", &parent.join(file))?;
+            let value = std::fs::read_to_string(parent.join(file)).with_path("read", &parent.join(file))?;
             std::fs::write(d.join(file), value.trim()).with_path("write", &d.join(file))?;
         }
     }
@@ -272,26 +253,14 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                (
-                    vec!["cpu".to_string(), "cpuacct".to_string()],
-                    PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")
-                ),
-                (
-                    vec!["memory".to_string()],
-                    PathBuf::from("/sys/fs/cgroup/memory")
-                ),
+                (vec!["cpu".to_string(), "cpuacct".to_string()], PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")),
+                (vec!["memory".to_string()], PathBuf::from("/sys/fs/cgroup/memory")),
             ]
         );
         let mode = Mode::V1(got);
-        assert_eq!(
-            mode.dir_of("cpuacct", "/a/b"),
-            Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/a/b"))
-        );
+        assert_eq!(mode.dir_of("cpuacct", "/a/b"), Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/a/b")));
         assert_eq!(mode.dir_of("pids", "/a"), None);
-        assert_eq!(
-            Mode::V2("/sys/fs/cgroup".into()).dirs("/a"),
-            vec![PathBuf::from("/sys/fs/cgroup/a")]
-        );
+        assert_eq!(Mode::V2("/sys/fs/cgroup".into()).dirs("/a"), vec![PathBuf::from("/sys/fs/cgroup/a")]);
     }
 
     #[test]

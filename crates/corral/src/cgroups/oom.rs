@@ -24,10 +24,7 @@ pub struct OomWatch {
 
 /// The `oom_kill` count in memory.oom_control (v1) or memory.events (v2).
 pub fn oom_kills(text: &str) -> u64 {
-    super::stats::flat_keyed(text)
-        .get("oom_kill")
-        .copied()
-        .unwrap_or(0)
+    super::stats::flat_keyed(text).get("oom_kill").copied().unwrap_or(0)
 }
 
 impl OomWatch {
@@ -46,24 +43,19 @@ impl OomWatch {
                 let efd = eventfd()?;
                 let line = format!("{} {}", efd.as_raw_fd(), control.as_raw_fd());
                 let event_control = dir.join("cgroup.event_control");
-                std::fs::write(&event_control, line)
-                    .with_path("register OOM eventfd in", &event_control)?;
+                std::fs::write(&event_control, line).with_path("register OOM eventfd in", &event_control)?;
                 (efd, control_path, Some(control), false)
             }
             Mode::V2(_) => {
                 let events = dir.join("memory.events");
                 let ino = nix::sys::inotify::Inotify::init(
-                    nix::sys::inotify::InitFlags::IN_CLOEXEC
-                        | nix::sys::inotify::InitFlags::IN_NONBLOCK,
+                    nix::sys::inotify::InitFlags::IN_CLOEXEC | nix::sys::inotify::InitFlags::IN_NONBLOCK,
                 )
                 .with_path("inotify_init for", &events)?;
                 ino.add_watch(&events, nix::sys::inotify::AddWatchFlags::IN_MODIFY)
                     .with_path("watch", &events)?;
                 // nix's Inotify offers no into-fd conversion: duplicate its fd and let it go.
-                let fd = ino
-                    .as_fd()
-                    .try_clone_to_owned()
-                    .with_path("dup inotify fd for", &events)?;
+                let fd = ino.as_fd().try_clone_to_owned().with_path("dup inotify fd for", &events)?;
                 (fd, events, None, true)
             }
         };
@@ -71,13 +63,7 @@ impl OomWatch {
         // SAFETY: `fd` is an OwnedFd moved into the AsyncFd; it stays open for its whole life.
         let fd = unsafe { AsyncFd::register(fd) }
             .map_err(|e| Error::io("register OOM watch", e.into_parts().1))?;
-        Ok(Some(OomWatch {
-            fd,
-            counter,
-            seen,
-            v2,
-            _control: control,
-        }))
+        Ok(Some(OomWatch { fd, counter, seen, v2, _control: control }))
     }
 
     /// An OOM kill not reported yet, read now without waiting (the container's exit may win the
@@ -132,14 +118,8 @@ mod tests {
 
     #[test]
     fn reads_the_oom_kill_counter_of_both_versions() {
-        assert_eq!(
-            oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"),
-            3
-        );
-        assert_eq!(
-            oom_kills("low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n"),
-            2
-        );
+        assert_eq!(oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"), 3);
+        assert_eq!(oom_kills("low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n"), 2);
         assert_eq!(oom_kills("oom_kill_disable 0\nunder_oom 0\n"), 0);
     }
 }

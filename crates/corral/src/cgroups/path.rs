@@ -15,9 +15,7 @@ pub fn expand_slice(slice: &str) -> Result<String> {
         return Ok("/".into());
     }
     if name.contains('/') || name.starts_with('-') || name.ends_with('-') || name.contains("--") {
-        return Err(Error::invalid(format!(
-            "cgroup slice {slice:?}: malformed name"
-        )));
+        return Err(Error::invalid(format!("cgroup slice {slice:?}: malformed name")));
     }
     let mut path = String::new();
     let mut prefix = String::new();
@@ -63,9 +61,7 @@ pub fn resolve_parent_as(parent: &str, driver: Driver) -> Result<String> {
         return expand_slice(parent).map_err(|e| Error::invalid(format!("{field}: {e}")));
     }
     if !parent.starts_with('/') {
-        return Err(Error::invalid(format!(
-            "{field}: {parent:?} is neither an absolute path nor a slice"
-        )));
+        return Err(Error::invalid(format!("{field}: {parent:?} is neither an absolute path nor a slice")));
     }
     Ok(parent.to_string())
 }
@@ -75,24 +71,13 @@ pub fn resolve_container(cgroups_path: &str) -> Result<String> {
     let parts: Vec<&str> = cgroups_path.split(':').collect();
     match parts.as_slice() {
         [slice, prefix, name] => {
-            let base = if slice.is_empty() {
-                "/system.slice".to_string()
-            } else {
-                expand_slice(slice)?
-            };
-            let unit = if prefix.is_empty() {
-                format!("{name}.scope")
-            } else {
-                format!("{prefix}-{name}.scope")
-            };
+            let base = if slice.is_empty() { "/system.slice".to_string() } else { expand_slice(slice)? };
+            let unit =
+                if prefix.is_empty() { format!("{name}.scope") } else { format!("{prefix}-{name}.scope") };
             Ok(format!("{}/{unit}", base.trim_end_matches('/')))
         }
-        [path] if path.starts_with('/') && !path.split('/').any(|p| p == "..") => {
-            Ok(path.to_string())
-        }
-        _ => Err(Error::invalid(format!(
-            "linux.cgroupsPath: {cgroups_path:?} is not a cgroup path"
-        ))),
+        [path] if path.starts_with('/') && !path.split('/').any(|p| p == "..") => Ok(path.to_string()),
+        _ => Err(Error::invalid(format!("linux.cgroupsPath: {cgroups_path:?} is not a cgroup path"))),
     }
 }
 
@@ -112,18 +97,9 @@ mod tests {
 
     #[test]
     fn resolves_pod_and_container_paths() {
-        assert_eq!(
-            resolve_parent("/kubepods/burstable/pod1").unwrap(),
-            "/kubepods/burstable/pod1"
-        );
-        assert_eq!(
-            resolve_parent("kubepods-pod1.slice").unwrap(),
-            "/kubepods.slice/kubepods-pod1.slice"
-        );
-        assert!(resolve_parent("/kubepods/../../etc")
-            .unwrap_err()
-            .to_string()
-            .contains("cgroup_parent"));
+        assert_eq!(resolve_parent("/kubepods/burstable/pod1").unwrap(), "/kubepods/burstable/pod1");
+        assert_eq!(resolve_parent("kubepods-pod1.slice").unwrap(), "/kubepods.slice/kubepods-pod1.slice");
+        assert!(resolve_parent("/kubepods/../../etc").unwrap_err().to_string().contains("cgroup_parent"));
         assert!(resolve_parent("relative").is_err());
         assert_eq!(resolve_container("/k8s.io/abc").unwrap(), "/k8s.io/abc");
         assert_eq!(

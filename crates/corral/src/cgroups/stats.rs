@@ -53,18 +53,14 @@ pub fn read(mode: &Mode, rel: &str) -> Result<Any> {
     match mode {
         Mode::V1(_) => {
             let dir = |c: &str| mode.dir_of(c, rel);
-            let exists = dir("memory")
-                .or_else(|| dir("cpuacct"))
-                .is_some_and(|d| d.is_dir());
+            let exists = dir("memory").or_else(|| dir("cpuacct")).is_some_and(|d| d.is_dir());
             if !exists {
                 return Err(Error::not_found(format!("cgroup {rel}: not found")));
             }
             let read_in = |c: &str, f: &str| dir(c).map(|d| Files(&d).get(f)).unwrap_or_default();
             let m = v1_metrics(&|c, f| read_in(c, f));
             any.type_url = V1_TYPE.into();
-            any.value = m
-                .write_to_bytes()
-                .map_err(|e| Error::invalid(format!("encode metrics: {e}")))?;
+            any.value = m.write_to_bytes().map_err(|e| Error::invalid(format!("encode metrics: {e}")))?;
         }
         Mode::V2(root) => {
             let dir = root.join(rel.trim_start_matches('/'));
@@ -74,9 +70,7 @@ pub fn read(mode: &Mode, rel: &str) -> Result<Any> {
             let files = Files(&dir);
             let m = v2_metrics(&|f| files.get(f));
             any.type_url = V2_TYPE.into();
-            any.value = m
-                .write_to_bytes()
-                .map_err(|e| Error::invalid(format!("encode metrics: {e}")))?;
+            any.value = m.write_to_bytes().map_err(|e| Error::invalid(format!("encode metrics: {e}")))?;
         }
     }
     Ok(any)
@@ -92,10 +86,8 @@ pub fn v1_metrics(file: &dyn Fn(&str, &str) -> String) -> v1::Metrics {
     let ticks = flat_keyed(&ticks);
     usage.user = ticks.get("user").copied().unwrap_or(0) * NS_PER_TICK;
     usage.kernel = ticks.get("system").copied().unwrap_or(0) * NS_PER_TICK;
-    usage.per_cpu = file("cpuacct", "cpuacct.usage_percpu")
-        .split_whitespace()
-        .filter_map(|v| v.parse().ok())
-        .collect();
+    usage.per_cpu =
+        file("cpuacct", "cpuacct.usage_percpu").split_whitespace().filter_map(|v| v.parse().ok()).collect();
     let throttle_text = file("cpu", "cpu.stat");
     let t = flat_keyed(&throttle_text);
     let mut throttling = v1::Throttle::new();
@@ -146,10 +138,7 @@ pub fn v1_metrics(file: &dyn Fn(&str, &str) -> String) -> v1::Metrics {
     let entry = |prefix: &str| {
         let mut e = v1::MemoryEntry::new();
         e.usage = single(&file("memory", &format!("{prefix}.usage_in_bytes")), 0);
-        e.limit = single(
-            &file("memory", &format!("{prefix}.limit_in_bytes")),
-            u64::MAX,
-        );
+        e.limit = single(&file("memory", &format!("{prefix}.limit_in_bytes")), u64::MAX);
         e.max = single(&file("memory", &format!("{prefix}.max_usage_in_bytes")), 0);
         e.failcnt = single(&file("memory", &format!("{prefix}.failcnt")), 0);
         e
@@ -271,23 +260,12 @@ mod tests {
         let m = v2_metrics(&v2_files);
         let cpu = m.cpu.unwrap();
         assert_eq!(
-            (
-                cpu.usage_usec,
-                cpu.user_usec,
-                cpu.system_usec,
-                cpu.nr_throttled
-            ),
+            (cpu.usage_usec, cpu.user_usec, cpu.system_usec, cpu.nr_throttled),
             (51234, 40000, 11234, 2)
         );
         let mem = m.memory.unwrap();
-        assert_eq!(
-            (mem.usage, mem.usage_limit, mem.max_usage),
-            (2211840, u64::MAX, 4194304)
-        );
-        assert_eq!(
-            (mem.anon, mem.file, mem.inactive_file, mem.pgmajfault),
-            (1048576, 987136, 500000, 3)
-        );
+        assert_eq!((mem.usage, mem.usage_limit, mem.max_usage), (2211840, u64::MAX, 4194304));
+        assert_eq!((mem.anon, mem.file, mem.inactive_file, mem.pgmajfault), (1048576, 987136, 500000, 3));
         let ev = m.memory_events.unwrap();
         assert_eq!((ev.max, ev.oom, ev.oom_kill), (5, 1, 1));
         let pids = m.pids.unwrap();
@@ -304,9 +282,7 @@ mod tests {
                 ("cpu", "cpu.stat") => "nr_periods 4\nnr_throttled 1\nthrottled_time 77\n",
                 ("memory", "memory.usage_in_bytes") => "3000000\n",
                 ("memory", "memory.limit_in_bytes") => "9223372036854771712\n",
-                ("memory", "memory.stat") => {
-                    "cache 100\nrss 200\ntotal_inactive_file 50\ntotal_rss 200\n"
-                }
+                ("memory", "memory.stat") => "cache 100\nrss 200\ntotal_inactive_file 50\ntotal_rss 200\n",
                 ("pids", "pids.current") => "2\n",
                 ("pids", "pids.max") => "max\n",
                 _ => "",
@@ -316,17 +292,11 @@ mod tests {
         let m = v1_metrics(&files);
         let cpu = m.cpu.unwrap();
         let usage = cpu.usage.unwrap();
-        assert_eq!(
-            (usage.total, usage.user, usage.kernel),
-            (123456789, 50_000_000, 20_000_000)
-        );
+        assert_eq!((usage.total, usage.user, usage.kernel), (123456789, 50_000_000, 20_000_000));
         assert_eq!(usage.per_cpu, vec![100, 200]);
         assert_eq!(cpu.throttling.unwrap().throttled_time, 77);
         let mem = m.memory.unwrap();
-        assert_eq!(
-            (mem.cache, mem.rss, mem.total_inactive_file),
-            (100, 200, 50)
-        );
+        assert_eq!((mem.cache, mem.rss, mem.total_inactive_file), (100, 200, 50));
         assert_eq!(mem.usage.unwrap().usage, 3_000_000);
         assert_eq!(m.pids.unwrap().current, 2);
     }

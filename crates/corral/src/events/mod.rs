@@ -5,8 +5,8 @@
 use std::time::SystemTime;
 
 use containerd_shim_protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskOOM, TaskPaused,
-    TaskResumed, TaskStart,
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskOOM, TaskPaused, TaskResumed,
+    TaskStart,
 };
 use containerd_shim_protos::protobuf::well_known_types::any::Any;
 use containerd_shim_protos::protobuf::well_known_types::timestamp::Timestamp;
@@ -37,57 +37,24 @@ pub fn timestamp(t: SystemTime) -> MessageField<Timestamp> {
 
 impl Event {
     pub fn create(id: &str, bundle: &str, pid: u32) -> Event {
-        let msg = TaskCreate {
-            container_id: id.into(),
-            bundle: bundle.into(),
-            pid,
-            ..Default::default()
-        };
-        Event {
-            topic: "/tasks/create",
-            payload: any("containerd.events.TaskCreate", &msg),
-        }
+        let msg = TaskCreate { container_id: id.into(), bundle: bundle.into(), pid, ..Default::default() };
+        Event { topic: "/tasks/create", payload: any("containerd.events.TaskCreate", &msg) }
     }
     pub fn start(id: &str, pid: u32) -> Event {
-        let msg = TaskStart {
-            container_id: id.into(),
-            pid,
-            ..Default::default()
-        };
-        Event {
-            topic: "/tasks/start",
-            payload: any("containerd.events.TaskStart", &msg),
-        }
+        let msg = TaskStart { container_id: id.into(), pid, ..Default::default() };
+        Event { topic: "/tasks/start", payload: any("containerd.events.TaskStart", &msg) }
     }
     pub fn oom(container_id: &str) -> Event {
-        let msg = TaskOOM {
-            container_id: container_id.into(),
-            ..Default::default()
-        };
-        Event {
-            topic: "/tasks/oom",
-            payload: any("containerd.events.TaskOOM", &msg),
-        }
+        let msg = TaskOOM { container_id: container_id.into(), ..Default::default() };
+        Event { topic: "/tasks/oom", payload: any("containerd.events.TaskOOM", &msg) }
     }
     pub fn paused(container_id: &str) -> Event {
-        let msg = TaskPaused {
-            container_id: container_id.into(),
-            ..Default::default()
-        };
-        Event {
-            topic: "/tasks/paused",
-            payload: any("containerd.events.TaskPaused", &msg),
-        }
+        let msg = TaskPaused { container_id: container_id.into(), ..Default::default() };
+        Event { topic: "/tasks/paused", payload: any("containerd.events.TaskPaused", &msg) }
     }
     pub fn resumed(container_id: &str) -> Event {
-        let msg = TaskResumed {
-            container_id: container_id.into(),
-            ..Default::default()
-        };
-        Event {
-            topic: "/tasks/resumed",
-            payload: any("containerd.events.TaskResumed", &msg),
-        }
+        let msg = TaskResumed { container_id: container_id.into(), ..Default::default() };
+        Event { topic: "/tasks/resumed", payload: any("containerd.events.TaskResumed", &msg) }
     }
     pub fn exec_added(container_id: &str, exec_id: &str) -> Event {
         let msg = TaskExecAdded {
@@ -95,10 +62,7 @@ impl Event {
             exec_id: exec_id.into(),
             ..Default::default()
         };
-        Event {
-            topic: "/tasks/exec-added",
-            payload: any("containerd.events.TaskExecAdded", &msg),
-        }
+        Event { topic: "/tasks/exec-added", payload: any("containerd.events.TaskExecAdded", &msg) }
     }
     pub fn exec_started(container_id: &str, exec_id: &str, pid: u32) -> Event {
         let msg = TaskExecStarted {
@@ -107,10 +71,7 @@ impl Event {
             pid,
             ..Default::default()
         };
-        Event {
-            topic: "/tasks/exec-started",
-            payload: any("containerd.events.TaskExecStarted", &msg),
-        }
+        Event { topic: "/tasks/exec-started", payload: any("containerd.events.TaskExecStarted", &msg) }
     }
     /// `id` is the exec id, or the container id for its init.
     pub fn exit(container_id: &str, id: &str, pid: u32, status: u32, at: SystemTime) -> Event {
@@ -122,10 +83,7 @@ impl Event {
             exited_at: timestamp(at),
             ..Default::default()
         };
-        Event {
-            topic: "/tasks/exit",
-            payload: any("containerd.events.TaskExit", &msg),
-        }
+        Event { topic: "/tasks/exit", payload: any("containerd.events.TaskExit", &msg) }
     }
     pub fn delete(id: &str, pid: u32, status: u32, at: SystemTime) -> Event {
         let msg = TaskDelete {
@@ -136,10 +94,7 @@ impl Event {
             exited_at: timestamp(at),
             ..Default::default()
         };
-        Event {
-            topic: "/tasks/delete",
-            payload: any("containerd.events.TaskDelete", &msg),
-        }
+        Event { topic: "/tasks/delete", payload: any("containerd.events.TaskDelete", &msg) }
     }
 }
 
@@ -161,11 +116,7 @@ impl Publisher {
     }
 }
 
-async fn forward(
-    address: Option<String>,
-    namespace: String,
-    mut rx: mpsc::UnboundedReceiver<Event>,
-) {
+async fn forward(address: Option<String>, namespace: String, mut rx: mpsc::UnboundedReceiver<Event>) {
     let mut client: Option<EventsClient> = None;
     while let Some(event) = rx.recv().await {
         let Some(address) = address.as_deref() else {
@@ -190,10 +141,7 @@ async fn forward(
         envelope.namespace = namespace.clone();
         envelope.topic = event.topic.to_string();
         envelope.event = MessageField::some(event.payload);
-        let req = ForwardRequest {
-            envelope: MessageField::some(envelope),
-            ..Default::default()
-        };
+        let req = ForwardRequest { envelope: MessageField::some(envelope), ..Default::default() };
         let c = client.as_ref().expect("connected above");
         match c.forward(context::with_timeout(5_000_000_000), &req).await {
             Ok(_) => debug!(topic = event.topic, "event forwarded"),

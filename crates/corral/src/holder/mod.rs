@@ -79,24 +79,13 @@ impl HolderSpec {
             record(protocol::HOSTNAME, &[name.as_bytes()]);
         }
         for (key, value) in &self.sysctls {
-            record(
-                protocol::SYSCTL,
-                &[sysctl::proc_path(key).as_bytes(), value.as_bytes()],
-            );
+            record(protocol::SYSCTL, &[sysctl::proc_path(key).as_bytes(), value.as_bytes()]);
         }
-        let nul_inside = self
-            .netns
-            .iter()
-            .any(|p| p.as_os_str().as_encoded_bytes().contains(&0))
+        let nul_inside = self.netns.iter().any(|p| p.as_os_str().as_encoded_bytes().contains(&0))
             || self.hostname.iter().any(|h| h.contains('\0'))
-            || self
-                .sysctls
-                .iter()
-                .any(|(k, v)| k.contains('\0') || v.contains('\0'));
+            || self.sysctls.iter().any(|(k, v)| k.contains('\0') || v.contains('\0'));
         if nul_inside {
-            return Err(Error::invalid(
-                "pod spec: a path, hostname or sysctl contains a NUL byte",
-            ));
+            return Err(Error::invalid("pod spec: a path, hostname or sysctl contains a NUL byte"));
         }
         if out.len() > MAX_SPEC {
             return Err(Error::invalid(format!(
@@ -113,12 +102,7 @@ impl HolderSpec {
         let (step, index, errno) = (parts.next(), parts.next(), parts.next());
         let index: usize = index.and_then(|i| i.parse().ok()).unwrap_or(0);
         let errno: i32 = errno.and_then(|e| e.trim().parse().ok()).unwrap_or(0);
-        let netns = || {
-            self.netns
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        };
+        let netns = || self.netns.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
         let step = match step.and_then(|s| s.as_bytes().get(1).copied()) {
             Some(protocol::STEP_READ_SPEC) => "read its spec".to_string(),
             Some(protocol::STEP_PARSE_SPEC) => "decode its spec".to_string(),
@@ -167,26 +151,18 @@ fn holder_program() -> Result<&'static OwnedFd> {
     }
     let name = c"corral-holder";
     // SAFETY: memfd_create takes a NUL-terminated name and flags; it returns a new fd or -1.
-    let raw =
-        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if raw < 0 {
-        return Err(Error::io(
-            "memfd_create for the holder",
-            std::io::Error::last_os_error(),
-        ));
+        return Err(Error::io("memfd_create for the holder", std::io::Error::last_os_error()));
     }
     // SAFETY: a fresh fd that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
     let mut file = File::from(fd);
-    file.write_all(HOLDER_ELF)
-        .context(|| "write the holder into its memfd".into())?;
+    file.write_all(HOLDER_ELF).context(|| "write the holder into its memfd".into())?;
     let seals = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
     // SAFETY: fcntl F_ADD_SEALS on an fd we own, with an integer argument.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(Error::io(
-            "seal the holder memfd",
-            std::io::Error::last_os_error(),
-        ));
+        return Err(Error::io("seal the holder memfd", std::io::Error::last_os_error()));
     }
     Ok(PROGRAM.get_or_init(|| OwnedFd::from(file)))
 }
@@ -286,10 +262,7 @@ mod tests {
             ]
         );
         assert!(protocol::parse(b"Z").is_none(), "unknown tag");
-        assert!(
-            protocol::parse(b"Nno-terminator").is_none(),
-            "unterminated string"
-        );
+        assert!(protocol::parse(b"Nno-terminator").is_none(), "unterminated string");
     }
 
     #[test]
@@ -303,10 +276,7 @@ mod tests {
             s.failure("Fj:0:22").to_string(),
             "pod holder: join network namespace /var/run/netns/cni-1: Invalid argument (os error 22) (not a network namespace)"
         );
-        assert!(s
-            .failure("garbage")
-            .to_string()
-            .contains("unreadable report"));
+        assert!(s.failure("garbage").to_string().contains("unreadable report"));
     }
 
     #[test]
@@ -315,14 +285,8 @@ mod tests {
         s.hostname = Some("a\0b".into());
         assert!(s.encode().unwrap_err().to_string().contains("NUL"));
         let mut s = spec();
-        s.sysctls = (0..20)
-            .map(|i| (format!("net.ipv4.k{i}"), "x".repeat(4000)))
-            .collect();
-        assert!(s
-            .encode()
-            .unwrap_err()
-            .to_string()
-            .contains("linux.sysctls"));
+        s.sysctls = (0..20).map(|i| (format!("net.ipv4.k{i}"), "x".repeat(4000))).collect();
+        assert!(s.encode().unwrap_err().to_string().contains("linux.sysctls"));
     }
 
     #[test]

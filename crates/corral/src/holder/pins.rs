@@ -14,10 +14,7 @@ use crate::pod::files::{unmount_if_mounted, PodPaths};
 /// Pins `kinds` (names under /proc/<pid>/ns) of `pid`; on failure undoes the pins it made.
 pub fn pin(paths: &PodPaths, pid: i32, kinds: &[&str]) -> Result<Vec<(String, PathBuf)>> {
     let dir = paths.ns_dir();
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .with_path("create namespace pin directory", &dir)?;
+    std::fs::DirBuilder::new().mode(0o700).create(&dir).with_path("create namespace pin directory", &dir)?;
     let mut made = Vec::new();
     for kind in kinds {
         match pin_one(paths, pid, kind) {
@@ -43,13 +40,7 @@ fn pin_one(paths: &PodPaths, pid: i32, kind: &str) -> Result<PathBuf> {
         .custom_flags(libc::O_NOFOLLOW)
         .open(&target)
         .with_path("create namespace pin", &target)?;
-    mount(
-        Some(&source),
-        &target,
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .with_path(&format!("bind {} on", source.display()), &target)?;
+    mount(Some(&source), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .with_path(&format!("bind {} on", source.display()), &target)?;
     Ok(target)
 }

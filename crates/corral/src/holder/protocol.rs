@@ -75,10 +75,7 @@ fn next_record(input: &[u8]) -> Option<(Record<'_>, &[u8])> {
 
 /// Decodes and validates a spec.
 pub fn parse(raw: &[u8]) -> Option<Spec<'_>> {
-    let mut spec = Spec {
-        raw,
-        ..Spec::default()
-    };
+    let mut spec = Spec { raw, ..Spec::default() };
     let mut input = raw;
     while !input.is_empty() {
         let ((tag, a, _), rest) = next_record(input)?;

@@ -43,9 +43,7 @@ pub struct PodPaths {
 
 impl PodPaths {
     pub fn new(bundle: impl Into<PathBuf>) -> Self {
-        PodPaths {
-            bundle: bundle.into(),
-        }
+        PodPaths { bundle: bundle.into() }
     }
     /// Plain files: removable by containerd's RemoveAll.
     pub fn files_dir(&self) -> PathBuf {
@@ -87,10 +85,7 @@ const NODE_RESOLV_CONF: &str = "/etc/resolv.conf";
 pub fn write_files(paths: &PodPaths, spec: &PodSpec) -> Result<()> {
     let dir = paths.files_dir();
     // A fresh directory: if anything is already there, refuse rather than reuse it.
-    DirBuilder::new()
-        .mode(0o755)
-        .create(&dir)
-        .with_path("create pod files directory", &dir)?;
+    DirBuilder::new().mode(0o755).create(&dir).with_path("create pod files directory", &dir)?;
 
     write_new(&paths.hostname(), format!("{}\n", spec.hostname).as_bytes())?;
     let hosts = std::fs::read(NODE_HOSTS).unwrap_or_else(|_| default_hosts().into_bytes());
@@ -137,10 +132,7 @@ fn write_new(path: &Path, data: &[u8]) -> Result<()> {
 /// Mounts the pod's /dev/shm tmpfs (mode 1777, nosuid, nodev, noexec).
 pub fn mount_shm(paths: &PodPaths, size_kib: u64) -> Result<()> {
     let target = paths.shm();
-    DirBuilder::new()
-        .mode(0o755)
-        .create(&target)
-        .with_path("create shm mount point", &target)?;
+    DirBuilder::new().mode(0o755).create(&target).with_path("create shm mount point", &target)?;
     mount(
         Some("shm"),
         &target,
@@ -176,9 +168,7 @@ pub fn remove_all(paths: &PodPaths) -> Result<()> {
     }
     for dir in [paths.ns_dir(), paths.shm(), paths.files_dir()] {
         match std::fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                note(Err(e).with_path("remove", &dir))
-            }
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => note(Err(e).with_path("remove", &dir)),
             _ => {}
         }
     }

@@ -61,12 +61,7 @@ impl Pod {
         socket: Option<PathBuf>,
     ) -> Result<Pod> {
         let paths = PodPaths::new(bundle);
-        let mut undo = Undo {
-            armed: true,
-            paths: &paths,
-            holder: None,
-            cgroup: None,
-        };
+        let mut undo = Undo { armed: true, paths: &paths, holder: None, cgroup: None };
         let cgroup = match spec.cgroup_parent.is_empty() {
             true => None,
             false => {
@@ -87,11 +82,7 @@ impl Pod {
             new_uts: spec.network == NsMode::Pod,
             new_pid: spec.pid == NsMode::Pod,
             hostname: (spec.network == NsMode::Pod).then(|| spec.hostname.clone()),
-            sysctls: spec
-                .sysctls
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            sysctls: spec.sysctls.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         })?);
         if let Some(cg) = &cgroup {
             cg.add(holder.pid)?;
@@ -145,10 +136,7 @@ impl Pod {
                 Ok(())
             }
             PodState::Ready => Ok(()),
-            PodState::Stopped(_) => Err(Error::precondition(format!(
-                "sandbox {}: already stopped",
-                self.id
-            ))),
+            PodState::Stopped(_) => Err(Error::precondition(format!("sandbox {}: already stopped", self.id))),
         }
     }
 
@@ -163,10 +151,7 @@ impl Pod {
         self.state.send_if_modified(|s| match s {
             PodState::Stopped(_) => false,
             _ => {
-                *s = PodState::Stopped(ExitInfo {
-                    status,
-                    at: SystemTime::now(),
-                });
+                *s = PodState::Stopped(ExitInfo { status, at: SystemTime::now() });
                 true
             }
         });
@@ -209,10 +194,7 @@ impl Pod {
         {
             let mut map = self.containers.lock().unwrap();
             if map.contains_key(&c.id) {
-                return Err(Error::AlreadyExists(format!(
-                    "container {}: already exists",
-                    c.id
-                )));
+                return Err(Error::AlreadyExists(format!("container {}: already exists", c.id)));
             }
             map.insert(c.id.clone(), c);
         }
@@ -225,13 +207,8 @@ impl Pod {
     }
 
     fn save_record(&self) -> Result<()> {
-        let containers = self
-            .containers
-            .lock()
-            .unwrap()
-            .values()
-            .map(|c| (c.id.clone(), c.bundle.clone()))
-            .collect();
+        let containers =
+            self.containers.lock().unwrap().values().map(|c| (c.id.clone(), c.bundle.clone())).collect();
         Record {
             sandbox_id: self.id.clone(),
             server_pid: std::process::id() as i32,
@@ -256,10 +233,7 @@ impl Pod {
             }
         }
         for c in &containers {
-            if tokio::time::timeout(Duration::from_secs(10), c.init.wait())
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout(Duration::from_secs(10), c.init.wait()).await.is_err() {
                 warn!(sandbox = %self.id, container = %c.id, "container did not exit after SIGKILL");
             }
         }
@@ -271,23 +245,13 @@ impl Pod {
     /// Tries every step; returns the first failure.
     pub async fn release(&self) -> Result<()> {
         let bundle = self.paths.bundle.clone();
-        let _lock =
-            tokio::task::spawn_blocking(move || crate::sys::lock::BundleLock::acquire(&bundle))
-                .await
-                .map_err(|e| Error::Holder {
-                    step: "lock the bundle".into(),
-                    message: e.to_string(),
-                })?
-                .map_err(|e| Error::io("lock the bundle", e))?;
+        let _lock = tokio::task::spawn_blocking(move || crate::sys::lock::BundleLock::acquire(&bundle))
+            .await
+            .map_err(|e| Error::Holder { step: "lock the bundle".into(), message: e.to_string() })?
+            .map_err(|e| Error::io("lock the bundle", e))?;
         let mut first_err = None;
         self.stop().await?;
-        let containers: Vec<_> = self
-            .containers
-            .lock()
-            .unwrap()
-            .drain()
-            .map(|(_, c)| c)
-            .collect();
+        let containers: Vec<_> = self.containers.lock().unwrap().drain().map(|(_, c)| c).collect();
         for c in containers {
             if let Err(e) = c.force_delete(&self.runc).await {
                 first_err.get_or_insert(e);

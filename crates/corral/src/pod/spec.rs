@@ -64,15 +64,11 @@ pub struct PodSpec {
 /// Decodes and validates CreateSandbox's `options` and `netns_path`.
 pub fn decode(type_url: Option<&str>, value: &[u8], netns_path: &str) -> Result<PodSpec> {
     let type_url = type_url.ok_or_else(|| {
-        Error::invalid(
-            "options: missing; corral needs the CRI PodSandboxConfig (containerd 2.1+ with CRI)",
-        )
+        Error::invalid("options: missing; corral needs the CRI PodSandboxConfig (containerd 2.1+ with CRI)")
     })?;
     // containerd 2.1 sends the bare name; other clients may prefix it with a host.
     if type_url != POD_CONFIG_TYPE && !type_url.ends_with(&format!("/{POD_CONFIG_TYPE}")) {
-        return Err(Error::invalid(format!(
-            "options.type_url: {type_url:?} is not {POD_CONFIG_TYPE:?}"
-        )));
+        return Err(Error::invalid(format!("options.type_url: {type_url:?} is not {POD_CONFIG_TYPE:?}")));
     }
     let config = PodSandboxConfig::decode(value)
         .map_err(|e| Error::invalid(format!("options.value: not a PodSandboxConfig: {e}")))?;
@@ -80,31 +76,13 @@ pub fn decode(type_url: Option<&str>, value: &[u8], netns_path: &str) -> Result<
 }
 
 pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpec> {
-    let meta = config
-        .metadata
-        .as_ref()
-        .ok_or_else(|| Error::invalid("PodSandboxConfig.metadata: missing"))?;
+    let meta =
+        config.metadata.as_ref().ok_or_else(|| Error::invalid("PodSandboxConfig.metadata: missing"))?;
     let linux = config.linux.clone().unwrap_or_default();
-    let ns = linux
-        .security_context
-        .as_ref()
-        .and_then(|sc| sc.namespace_options.clone())
-        .unwrap_or_default();
+    let ns = linux.security_context.as_ref().and_then(|sc| sc.namespace_options.clone()).unwrap_or_default();
 
-    let network = mode(
-        "network",
-        ns.network,
-        &[NamespaceMode::Pod, NamespaceMode::Node],
-    )?;
-    let pid = mode(
-        "pid",
-        ns.pid,
-        &[
-            NamespaceMode::Pod,
-            NamespaceMode::Container,
-            NamespaceMode::Node,
-        ],
-    )?;
+    let network = mode("network", ns.network, &[NamespaceMode::Pod, NamespaceMode::Node])?;
+    let pid = mode("pid", ns.pid, &[NamespaceMode::Pod, NamespaceMode::Container, NamespaceMode::Node])?;
     let ipc = mode("ipc", ns.ipc, &[NamespaceMode::Pod, NamespaceMode::Node])?;
 
     let user_namespace = match ns.userns_options.as_ref().map(|u| u.mode) {
@@ -127,15 +105,11 @@ pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpe
     let netns_path = match network {
         NsMode::Pod => {
             if netns_path.is_empty() {
-                return Err(Error::invalid(
-                    "netns_path: empty, but the pod's network namespace mode is POD",
-                ));
+                return Err(Error::invalid("netns_path: empty, but the pod's network namespace mode is POD"));
             }
             let path = PathBuf::from(netns_path);
             if !path.is_absolute() {
-                return Err(Error::invalid(format!(
-                    "netns_path: {netns_path:?} is not absolute"
-                )));
+                return Err(Error::invalid(format!("netns_path: {netns_path:?} is not absolute")));
             }
             Some(path)
         }
@@ -159,11 +133,7 @@ pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpe
         options: d.options.clone(),
     });
     if let Some(d) = &dns {
-        for (field, values) in [
-            ("servers", &d.servers),
-            ("searches", &d.searches),
-            ("options", &d.options),
-        ] {
+        for (field, values) in [("servers", &d.servers), ("searches", &d.searches), ("options", &d.options)] {
             for v in values.iter() {
                 if v.is_empty() || v.chars().any(|c| c.is_control() || c.is_whitespace()) {
                     return Err(Error::invalid(format!(
@@ -237,10 +207,7 @@ fn validate_hostname(name: &str) -> std::result::Result<(), &'static str> {
     if name.is_empty() || name.len() > 64 {
         return Err("must be 1 to 64 characters long");
     }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
-    {
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
         return Err("may hold only letters, digits, '-' and '.'");
     }
     let edge = |b: u8| b == b'-' || b == b'.';
@@ -254,8 +221,7 @@ fn validate_hostname(name: &str) -> std::result::Result<(), &'static str> {
 mod tests {
     use super::*;
     use k8s_cri::v1::{
-        DnsConfig, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceOption,
-        PodSandboxMetadata,
+        DnsConfig, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceOption, PodSandboxMetadata,
     };
 
     fn config(ns: Option<NamespaceOption>) -> PodSandboxConfig {
@@ -296,32 +262,18 @@ mod tests {
         assert_eq!(spec.namespace, "default");
         assert_eq!(spec.uid, "uid-1");
         assert_eq!(spec.hostname, "web-0");
-        assert_eq!(
-            (spec.network, spec.pid, spec.ipc),
-            (NsMode::Pod, NsMode::Container, NsMode::Pod)
-        );
-        assert_eq!(
-            spec.netns_path.as_deref(),
-            Some(std::path::Path::new("/var/run/netns/cni-1"))
-        );
+        assert_eq!((spec.network, spec.pid, spec.ipc), (NsMode::Pod, NsMode::Container, NsMode::Pod));
+        assert_eq!(spec.netns_path.as_deref(), Some(std::path::Path::new("/var/run/netns/cni-1")));
         assert_eq!(spec.cgroup_parent, "/kubepods/pod1");
         assert_eq!(spec.dns, None);
         // containerd's defaults are applied for a pod network namespace.
-        assert_eq!(
-            spec.sysctls
-                .get("net.ipv4.ip_unprivileged_port_start")
-                .map(String::as_str),
-            Some("0")
-        );
+        assert_eq!(spec.sysctls.get("net.ipv4.ip_unprivileged_port_start").map(String::as_str), Some("0"));
     }
 
     #[test]
     fn missing_namespace_options_mean_pod_for_all_three() {
         let spec = from_config(&config(None), "/run/netns/x").unwrap();
-        assert_eq!(
-            (spec.network, spec.pid, spec.ipc),
-            (NsMode::Pod, NsMode::Pod, NsMode::Pod)
-        );
+        assert_eq!((spec.network, spec.pid, spec.ipc), (NsMode::Pod, NsMode::Pod, NsMode::Pod));
     }
 
     #[test]
@@ -346,10 +298,7 @@ mod tests {
         let err = |r: Result<PodSpec>| r.unwrap_err().to_string();
         assert!(err(decode(None, &[], "/x")).starts_with("options: missing"));
         assert!(err(decode(Some("foo.Bar"), &[], "/x")).starts_with("options.type_url"));
-        assert!(
-            err(decode(Some(POD_CONFIG_TYPE), &[0xff, 0xff, 0xff], "/x"))
-                .starts_with("options.value")
-        );
+        assert!(err(decode(Some(POD_CONFIG_TYPE), &[0xff, 0xff, 0xff], "/x")).starts_with("options.value"));
         assert!(err(from_config(&PodSandboxConfig::default(), "/x")).contains("metadata"));
         assert!(err(from_config(&config(kubelet_ns()), "")).starts_with("netns_path: empty"));
         assert!(err(from_config(&config(kubelet_ns()), "rel/ns")).contains("not absolute"));
@@ -363,14 +312,11 @@ mod tests {
         assert!(err(from_config(&config(Some(ns.clone())), "/x"))
             .contains("namespace_options.ipc: unknown mode 7"));
         ns.ipc = NamespaceMode::Target as i32;
-        assert!(err(from_config(&config(Some(ns)), "/x"))
-            .contains("namespace_options.ipc: mode TARGET"));
+        assert!(err(from_config(&config(Some(ns)), "/x")).contains("namespace_options.ipc: mode TARGET"));
 
         let mut c = config(kubelet_ns());
-        c.dns_config = Some(DnsConfig {
-            servers: vec!["1.1.1.1\nnameserver 6.6.6.6".into()],
-            ..Default::default()
-        });
+        c.dns_config =
+            Some(DnsConfig { servers: vec!["1.1.1.1\nnameserver 6.6.6.6".into()], ..Default::default() });
         assert!(err(from_config(&c, "/x")).contains("dns_config.servers"));
     }
 
@@ -380,8 +326,6 @@ mod tests {
         ns.network = NamespaceMode::Node as i32;
         let spec = from_config(&config(Some(ns)), "").unwrap();
         assert_eq!(spec.netns_path, None);
-        assert!(!spec
-            .sysctls
-            .contains_key("net.ipv4.ip_unprivileged_port_start"));
+        assert!(!spec.sysctls.contains_key("net.ipv4.ip_unprivileged_port_start"));
     }
 }

@@ -33,8 +33,7 @@ pub fn resolve(
     let mut out = BTreeMap::new();
     for (key, value) in requested {
         let field = || format!("PodSandboxConfig.linux.sysctls[{key:?}]");
-        check_key(key, network, ipc)
-            .map_err(|why| Error::invalid(format!("{}: {why}", field())))?;
+        check_key(key, network, ipc).map_err(|why| Error::invalid(format!("{}: {why}", field())))?;
         if value.is_empty() || value.len() > 4096 || value.chars().any(|c| c.is_control()) {
             return Err(Error::invalid(format!(
                 "{}: value {value:?} is empty, too long or has control characters",
@@ -64,10 +63,7 @@ fn check_key(key: &str, network: NsMode, ipc: NsMode) -> std::result::Result<(),
     let key = normalize(key);
     let well_formed = !key.is_empty()
         && key.split('.').all(|part| {
-            !part.is_empty()
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
         });
     if !well_formed {
         return Err("not a well-formed sysctl name".into());
@@ -75,9 +71,7 @@ fn check_key(key: &str, network: NsMode, ipc: NsMode) -> std::result::Result<(),
     if key.starts_with("net.") {
         return match network {
             NsMode::Pod => Ok(()),
-            _ => Err(
-                "net.* sysctls need the pod's own network namespace (hostNetwork is set)".into(),
-            ),
+            _ => Err("net.* sysctls need the pod's own network namespace (hostNetwork is set)".into()),
         };
     }
     if IPC_KEYS.contains(&key.as_str()) || key.starts_with("fs.mqueue.") {
@@ -105,33 +99,11 @@ mod tests {
 
     #[test]
     fn accepts_namespaced_keys_and_adds_defaults() {
-        let got = resolve(
-            &one("net/ipv4/ip_forward", "1"),
-            NsMode::Pod,
-            NsMode::Pod,
-            false,
-        )
-        .unwrap();
-        assert_eq!(
-            got.get("net.ipv4.ip_forward").map(String::as_str),
-            Some("1")
-        );
-        assert_eq!(
-            got.get("net.ipv4.ping_group_range").map(String::as_str),
-            Some("0 2147483647")
-        );
-        let got = resolve(
-            &one("kernel.shmmax", "1000"),
-            NsMode::Node,
-            NsMode::Pod,
-            false,
-        )
-        .unwrap();
-        assert_eq!(
-            got.len(),
-            1,
-            "no net defaults with the host network: {got:?}"
-        );
+        let got = resolve(&one("net/ipv4/ip_forward", "1"), NsMode::Pod, NsMode::Pod, false).unwrap();
+        assert_eq!(got.get("net.ipv4.ip_forward").map(String::as_str), Some("1"));
+        assert_eq!(got.get("net.ipv4.ping_group_range").map(String::as_str), Some("0 2147483647"));
+        let got = resolve(&one("kernel.shmmax", "1000"), NsMode::Node, NsMode::Pod, false).unwrap();
+        assert_eq!(got.len(), 1, "no net defaults with the host network: {got:?}");
     }
 
     #[test]
@@ -143,60 +115,24 @@ mod tests {
 
     #[test]
     fn a_pod_value_wins_over_the_default() {
-        let got = resolve(
-            &one("net.ipv4.ip_unprivileged_port_start", "1024"),
-            NsMode::Pod,
-            NsMode::Pod,
-            false,
-        )
-        .unwrap();
+        let got =
+            resolve(&one("net.ipv4.ip_unprivileged_port_start", "1024"), NsMode::Pod, NsMode::Pod, false)
+                .unwrap();
         assert_eq!(got["net.ipv4.ip_unprivileged_port_start"], "1024");
     }
 
     #[test]
     fn refuses_host_level_and_malformed_keys() {
         for (k, v, net, ipc, why) in [
-            (
-                "kernel.panic",
-                "1",
-                NsMode::Pod,
-                NsMode::Pod,
-                "not a namespaced sysctl",
-            ),
-            (
-                "vm.swappiness",
-                "1",
-                NsMode::Pod,
-                NsMode::Pod,
-                "not a namespaced sysctl",
-            ),
-            (
-                "net.ipv4.ip_forward",
-                "1",
-                NsMode::Node,
-                NsMode::Pod,
-                "hostNetwork",
-            ),
+            ("kernel.panic", "1", NsMode::Pod, NsMode::Pod, "not a namespaced sysctl"),
+            ("vm.swappiness", "1", NsMode::Pod, NsMode::Pod, "not a namespaced sysctl"),
+            ("net.ipv4.ip_forward", "1", NsMode::Node, NsMode::Pod, "hostNetwork"),
             ("kernel.shmmax", "1", NsMode::Pod, NsMode::Node, "hostIPC"),
             ("net..x", "1", NsMode::Pod, NsMode::Pod, "well-formed"),
-            (
-                "net.ipv4/../../x",
-                "1",
-                NsMode::Pod,
-                NsMode::Pod,
-                "well-formed",
-            ),
-            (
-                "net.ipv4.ip_forward",
-                "1\n",
-                NsMode::Pod,
-                NsMode::Pod,
-                "control",
-            ),
+            ("net.ipv4/../../x", "1", NsMode::Pod, NsMode::Pod, "well-formed"),
+            ("net.ipv4.ip_forward", "1\n", NsMode::Pod, NsMode::Pod, "control"),
         ] {
-            let err = resolve(&one(k, v), net, ipc, false)
-                .unwrap_err()
-                .to_string();
+            let err = resolve(&one(k, v), net, ipc, false).unwrap_err().to_string();
             assert!(err.contains(&format!("sysctls[{k:?}]")), "{err}");
             assert!(err.contains(why), "{k}: {err}");
         }
@@ -204,9 +140,6 @@ mod tests {
 
     #[test]
     fn proc_path_maps_dots_to_slashes() {
-        assert_eq!(
-            proc_path("net.ipv4.ip_forward"),
-            "/proc/sys/net/ipv4/ip_forward"
-        );
+        assert_eq!(proc_path("net.ipv4.ip_forward"), "/proc/sys/net/ipv4/ip_forward");
     }
 }

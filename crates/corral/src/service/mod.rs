@@ -70,12 +70,7 @@ impl Shim {
 
     /// The pod that owns container `id`.
     pub fn pod_of(&self, id: &str) -> Option<Arc<Pod>> {
-        self.pods
-            .lock()
-            .unwrap()
-            .values()
-            .find(|p| p.container(id).is_some())
-            .cloned()
+        self.pods.lock().unwrap().values().find(|p| p.container(id).is_some()).cloned()
     }
 }
 

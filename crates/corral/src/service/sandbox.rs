@@ -24,17 +24,12 @@ impl SandboxService {
     async fn create(&self, req: CreateSandboxRequest) -> Result<()> {
         crate::task::container::validate_id("sandbox_id", &req.sandbox_id)?;
         if self.shim.pods.lock().unwrap().contains_key(&req.sandbox_id) {
-            return Err(Error::AlreadyExists(format!(
-                "sandbox {}: already exists",
-                req.sandbox_id
-            )));
+            return Err(Error::AlreadyExists(format!("sandbox {}: already exists", req.sandbox_id)));
         }
         let bundle = std::path::PathBuf::from(&req.bundle_path);
         // containerd starts the shim in the sandbox's bundle; any other directory is refused, so
         // a request cannot make corral write pod files or mount anywhere else.
-        let here = std::env::current_dir()
-            .ok()
-            .and_then(|d| d.canonicalize().ok());
+        let here = std::env::current_dir().ok().and_then(|d| d.canonicalize().ok());
         if !bundle.is_absolute() || bundle.canonicalize().ok() != here || here.is_none() {
             return Err(Error::invalid(format!(
                 "bundle_path: {:?} is not this shim's bundle (the directory containerd started it in)",
@@ -52,10 +47,7 @@ impl SandboxService {
         let socket = self.shim.socket.clone();
         let pod = tokio::task::spawn_blocking(move || Pod::create(&id, bundle, spec, runc, socket))
             .await
-            .map_err(|e| Error::Holder {
-                step: "create pod".into(),
-                message: e.to_string(),
-            })??;
+            .map_err(|e| Error::Holder { step: "create pod".into(), message: e.to_string() })??;
         let pod = Arc::new(pod);
         tracing::info!(sandbox = %pod.id, holder = pod.holder_pid(), pod = %pod.spec.name, "sandbox created");
         tokio::spawn(pod.clone().watch_holder());
@@ -121,22 +113,12 @@ impl Sandbox for SandboxService {
         .await
     }
 
-    async fn platform(
-        &self,
-        _: &TtrpcContext,
-        req: PlatformRequest,
-    ) -> ttrpc::Result<PlatformResponse> {
+    async fn platform(&self, _: &TtrpcContext, req: PlatformRequest) -> ttrpc::Result<PlatformResponse> {
         traced("Platform", &req.sandbox_id, async {
             self.shim.pod(&req.sandbox_id)?;
-            let platform = Platform {
-                os: "linux".into(),
-                architecture: go_arch().into(),
-                ..Default::default()
-            };
-            Ok(PlatformResponse {
-                platform: MessageField::some(platform),
-                ..Default::default()
-            })
+            let platform =
+                Platform { os: "linux".into(), architecture: go_arch().into(), ..Default::default() };
+            Ok(PlatformResponse { platform: MessageField::some(platform), ..Default::default() })
         })
         .await
     }
@@ -180,11 +162,7 @@ impl Sandbox for SandboxService {
         traced("SandboxStatus", &id, async { self.status(&req) }).await
     }
 
-    async fn ping_sandbox(
-        &self,
-        _: &TtrpcContext,
-        req: PingRequest,
-    ) -> ttrpc::Result<PingResponse> {
+    async fn ping_sandbox(&self, _: &TtrpcContext, req: PingRequest) -> ttrpc::Result<PingResponse> {
         traced("PingSandbox", &req.sandbox_id, async {
             self.shim.pod(&req.sandbox_id)?;
             Ok(PingResponse::default())

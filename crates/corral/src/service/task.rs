@@ -29,21 +29,15 @@ fn watch_exit(events: Publisher, container_id: String, process: Arc<Process>) {
     tokio::spawn(async move {
         let exit = process.watch_exit().await;
         tracing::debug!(container = %container_id, process = %process.id, status = exit.status, "process exited");
-        events.publish(Event::exit(
-            &container_id,
-            &process.id,
-            process.pid(),
-            exit.status,
-            exit.at,
-        ));
+        events.publish(Event::exit(&container_id, &process.id, process.pid(), exit.status, exit.at));
     });
 }
 
 /// Publishes `/tasks/oom` for each OOM kill in the container's cgroup while its init lives.
 fn watch_oom(events: Publisher, c: &Arc<Container>) {
     let Some(rel) = c.cgroup.clone() else { return };
-    let watch = crate::cgroups::Mode::detect()
-        .and_then(|mode| crate::cgroups::oom::OomWatch::new(&mode, &rel));
+    let watch =
+        crate::cgroups::Mode::detect().and_then(|mode| crate::cgroups::oom::OomWatch::new(&mode, &rel));
     let mut watch = match watch {
         Ok(Some(w)) => w,
         Ok(None) => return,
@@ -77,13 +71,9 @@ fn watch_oom(events: Publisher, c: &Arc<Container>) {
 
 impl TaskService {
     fn container(&self, id: &str) -> Result<(Arc<Pod>, Arc<Container>)> {
-        let pod = self
-            .shim
-            .pod_of(id)
-            .ok_or_else(|| Error::not_found(format!("container {id}: not found")))?;
-        let c = pod
-            .container(id)
-            .ok_or_else(|| Error::not_found(format!("container {id}: not found")))?;
+        let pod =
+            self.shim.pod_of(id).ok_or_else(|| Error::not_found(format!("container {id}: not found")))?;
+        let c = pod.container(id).ok_or_else(|| Error::not_found(format!("container {id}: not found")))?;
         Ok((pod, c))
     }
 
@@ -96,9 +86,7 @@ impl TaskService {
         let pods = self.shim.pods.lock().unwrap();
         match pods.len() {
             1 => Ok(pods.values().next().cloned().expect("one pod")),
-            0 => Err(Error::precondition(
-                "no sandbox: create the sandbox before its containers",
-            )),
+            0 => Err(Error::precondition("no sandbox: create the sandbox before its containers")),
             _ => Err(Error::invalid(format!(
                 "bundle {}: no sandbox file says which pod the container belongs to",
                 bundle.display()
@@ -108,22 +96,14 @@ impl TaskService {
 
     async fn create(&self, req: CreateTaskRequest) -> Result<CreateTaskResponse> {
         if self.shim.pod_of(&req.id).is_some() {
-            return Err(Error::AlreadyExists(format!(
-                "container {}: already exists",
-                req.id
-            )));
+            return Err(Error::AlreadyExists(format!("container {}: already exists", req.id)));
         }
         let pod = self.pod_for_new(Path::new(&req.bundle))?;
         if pod.state() != PodState::Ready {
-            return Err(Error::precondition(format!(
-                "sandbox {}: not ready ({:?})",
-                pod.id,
-                pod.state()
-            )));
+            return Err(Error::precondition(format!("sandbox {}: not ready ({:?})", pod.id, pod.state())));
         }
-        let c = Arc::new(
-            Container::create(&self.shim.runc, &self.shim.namespace, &req, &pod.context()).await?,
-        );
+        let c =
+            Arc::new(Container::create(&self.shim.runc, &self.shim.namespace, &req, &pod.context()).await?);
         if let Err(e) = pod.add_container(c.clone()) {
             let _ = c.force_delete(&self.shim.runc).await;
             return Err(e);
@@ -131,14 +111,9 @@ impl TaskService {
         watch_exit(self.shim.events.clone(), c.id.clone(), c.init.clone());
         watch_oom(self.shim.events.clone(), &c);
         let pid = c.init.pid();
-        self.shim
-            .events
-            .publish(Event::create(&c.id, &req.bundle, pid));
+        self.shim.events.publish(Event::create(&c.id, &req.bundle, pid));
         tracing::info!(sandbox = %pod.id, container = %c.id, pid, "container created");
-        Ok(CreateTaskResponse {
-            pid,
-            ..Default::default()
-        })
+        Ok(CreateTaskResponse { pid, ..Default::default() })
     }
 
     async fn start(&self, req: &StartRequest) -> Result<StartResponse> {
@@ -150,15 +125,10 @@ impl TaskService {
         } else {
             let process = c.start_exec(&self.shim.runc, &req.exec_id).await?;
             watch_exit(self.shim.events.clone(), c.id.clone(), process.clone());
-            self.shim
-                .events
-                .publish(Event::exec_started(&c.id, &req.exec_id, process.pid()));
+            self.shim.events.publish(Event::exec_started(&c.id, &req.exec_id, process.pid()));
             process.pid()
         };
-        Ok(StartResponse {
-            pid,
-            ..Default::default()
-        })
+        Ok(StartResponse { pid, ..Default::default() })
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
@@ -176,9 +146,7 @@ impl TaskService {
         let exit = c.delete(&self.shim.runc).await?;
         pod.remove_container(&c.id)?;
         let pid = c.init.pid();
-        self.shim
-            .events
-            .publish(Event::delete(&c.id, pid, exit.status, exit.at));
+        self.shim.events.publish(Event::delete(&c.id, pid, exit.status, exit.at));
         Ok(DeleteResponse {
             pid,
             exit_status: exit.status,
@@ -224,17 +192,8 @@ impl TaskService {
             Some(_) => Vec::new(),
             None => self.shim.runc.ps(&c.id).await?,
         };
-        let processes = pids
-            .into_iter()
-            .map(|pid| ProcessInfo {
-                pid,
-                ..Default::default()
-            })
-            .collect();
-        Ok(PidsResponse {
-            processes,
-            ..Default::default()
-        })
+        let processes = pids.into_iter().map(|pid| ProcessInfo { pid, ..Default::default() }).collect();
+        Ok(PidsResponse { processes, ..Default::default() })
     }
 
     async fn shutdown(&self, req: &ShutdownRequest) -> Result<()> {
@@ -256,11 +215,7 @@ impl Task for TaskService {
         traced("State", &req.id, async { self.state(&req) }).await
     }
 
-    async fn create(
-        &self,
-        _: &TtrpcContext,
-        req: CreateTaskRequest,
-    ) -> ttrpc::Result<CreateTaskResponse> {
+    async fn create(&self, _: &TtrpcContext, req: CreateTaskRequest) -> ttrpc::Result<CreateTaskResponse> {
         let id = req.id.clone();
         traced("Create", &id, self.create(req)).await
     }
@@ -298,16 +253,10 @@ impl Task for TaskService {
         .await
     }
 
-    async fn checkpoint(
-        &self,
-        _: &TtrpcContext,
-        req: CheckpointTaskRequest,
-    ) -> ttrpc::Result<Empty> {
+    async fn checkpoint(&self, _: &TtrpcContext, req: CheckpointTaskRequest) -> ttrpc::Result<Empty> {
         traced("Checkpoint", &req.id, async {
             self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented(
-                "Checkpoint: not supported (no CRIU integration)".into(),
-            ))
+            Err::<Empty, _>(Error::Unimplemented("Checkpoint: not supported (no CRIU integration)".into()))
         })
         .await
     }
@@ -315,8 +264,7 @@ impl Task for TaskService {
     async fn kill(&self, _: &TtrpcContext, req: KillRequest) -> ttrpc::Result<Empty> {
         traced("Kill", &req.id, async {
             let (_, c) = self.container(&req.id)?;
-            c.kill(&self.shim.runc, &req.exec_id, req.signal, req.all)
-                .await?;
+            c.kill(&self.shim.runc, &req.exec_id, req.signal, req.all).await?;
             Ok(Empty::new())
         })
         .await
@@ -326,9 +274,7 @@ impl Task for TaskService {
         traced("Exec", &req.id, async {
             let (_, c) = self.container(&req.id)?;
             c.add_exec(&req)?;
-            self.shim
-                .events
-                .publish(Event::exec_added(&c.id, &req.exec_id));
+            self.shim.events.publish(Event::exec_added(&c.id, &req.exec_id));
             Ok(Empty::new())
         })
         .await
@@ -337,9 +283,7 @@ impl Task for TaskService {
     async fn resize_pty(&self, _: &TtrpcContext, req: ResizePtyRequest) -> ttrpc::Result<Empty> {
         traced("ResizePty", &req.id, async {
             self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented(
-                "ResizePty: tty is not implemented yet".into(),
-            ))
+            Err::<Empty, _>(Error::Unimplemented("ResizePty: tty is not implemented yet".into()))
         })
         .await
     }
@@ -359,10 +303,7 @@ impl Task for TaskService {
     async fn update(&self, _: &TtrpcContext, req: UpdateTaskRequest) -> ttrpc::Result<Empty> {
         traced("Update", &req.id, async {
             let (_, c) = self.container(&req.id)?;
-            let resources = req
-                .resources
-                .as_ref()
-                .ok_or_else(|| Error::invalid("resources: missing"))?;
+            let resources = req.resources.as_ref().ok_or_else(|| Error::invalid("resources: missing"))?;
             c.update(&self.shim.runc, resources).await?;
             Ok(Empty::new())
         })
@@ -373,11 +314,7 @@ impl Task for TaskService {
         traced("Wait", &req.id, async {
             let (_, c) = self.container(&req.id)?;
             let exit = c.process(&req.exec_id)?.wait().await;
-            Ok(WaitResponse {
-                exit_status: exit.status,
-                exited_at: timestamp(exit.at),
-                ..Default::default()
-            })
+            Ok(WaitResponse { exit_status: exit.status, exited_at: timestamp(exit.at), ..Default::default() })
         })
         .await
     }
@@ -397,24 +334,13 @@ impl Task for TaskService {
         .await
     }
 
-    async fn connect(
-        &self,
-        _: &TtrpcContext,
-        req: ConnectRequest,
-    ) -> ttrpc::Result<ConnectResponse> {
+    async fn connect(&self, _: &TtrpcContext, req: ConnectRequest) -> ttrpc::Result<ConnectResponse> {
         traced("Connect", &req.id, async {
             let task_pid = match self.shim.pod(&req.id) {
                 Ok(pod) => pod.holder_pid() as u32,
-                Err(_) => self
-                    .container(&req.id)
-                    .map(|(_, c)| c.init.pid())
-                    .unwrap_or(0),
+                Err(_) => self.container(&req.id).map(|(_, c)| c.init.pid()).unwrap_or(0),
             };
-            Ok(ConnectResponse {
-                shim_pid: std::process::id(),
-                task_pid,
-                ..Default::default()
-            })
+            Ok(ConnectResponse { shim_pid: std::process::id(), task_pid, ..Default::default() })
         })
         .await
     }

@@ -57,11 +57,7 @@ impl Args {
                     "delete" => Action::Delete,
                     "serve" => Action::Serve,
                     "doctor" => Action::Doctor,
-                    other => {
-                        return Err(Error::invalid(format!(
-                            "unknown action {other:?} (start, delete)"
-                        )))
-                    }
+                    other => return Err(Error::invalid(format!("unknown action {other:?} (start, delete)"))),
                 });
                 continue;
             };
@@ -129,15 +125,7 @@ mod tests {
         );
         assert!(a.debug);
 
-        let a = Args::parse(&[
-            "--namespace=k8s.io",
-            "-id",
-            "c1",
-            "-bundle",
-            "/b/c1",
-            "delete",
-        ])
-        .unwrap();
+        let a = Args::parse(&["--namespace=k8s.io", "-id", "c1", "-bundle", "/b/c1", "delete"]).unwrap();
         assert_eq!(a.action, Action::Delete);
         assert_eq!(a.bundle, Some(PathBuf::from("/b/c1")));
         assert!(!a.debug);
@@ -147,14 +135,8 @@ mod tests {
     #[test]
     fn refuses_bad_lines() {
         let err = |v: &[&str]| Args::parse(v).unwrap_err().to_string();
-        assert_eq!(
-            err(&["-namespace", "n", "-id", "x", "frob"]),
-            "unknown action \"frob\" (start, delete)"
-        );
-        assert_eq!(
-            err(&["-namespace", "n", "-id", "x", "-color", "start"]),
-            "unknown flag -color"
-        );
+        assert_eq!(err(&["-namespace", "n", "-id", "x", "frob"]), "unknown action \"frob\" (start, delete)");
+        assert_eq!(err(&["-namespace", "n", "-id", "x", "-color", "start"]), "unknown flag -color");
         assert_eq!(err(&["-namespace", "n", "start"]), "flag -id: required");
         assert_eq!(
             err(&["-namespace", "n", "-id", "../x", "start"]),

@@ -26,27 +26,14 @@ pub fn parse_stdin(data: &[u8], id: &str) -> Result<StartInput> {
     }
     if let Ok(params) = BootstrapParams::parse_from_bytes(data) {
         if params.instance_id == id {
-            let options_type = params
-                .extensions
-                .iter()
-                .filter_map(|e| e.value.as_ref())
-                .map(|a| a.type_url.clone())
-                .next();
-            return Ok(StartInput {
-                socket_dir: params.socket_dir.clone(),
-                options_type,
-            });
+            let options_type =
+                params.extensions.iter().filter_map(|e| e.value.as_ref()).map(|a| a.type_url.clone()).next();
+            return Ok(StartInput { socket_dir: params.socket_dir.clone(), options_type });
         }
     }
-    let any = Any::parse_from_bytes(data).map_err(|e| {
-        Error::invalid(format!(
-            "stdin: neither runtime options nor BootstrapParams: {e}"
-        ))
-    })?;
-    Ok(StartInput {
-        socket_dir: None,
-        options_type: Some(any.type_url),
-    })
+    let any = Any::parse_from_bytes(data)
+        .map_err(|e| Error::invalid(format!("stdin: neither runtime options nor BootstrapParams: {e}")))?;
+    Ok(StartInput { socket_dir: None, options_type: Some(any.type_url) })
 }
 
 /// The reply containerd parses from `start`'s output.
@@ -71,10 +58,7 @@ mod tests {
         any.type_url = "runtimeoptions.v1.Options".into();
         any.value = vec![10, 1, b'x'];
         let got = parse_stdin(&any.write_to_bytes().unwrap(), "sb").unwrap();
-        assert_eq!(
-            got.options_type.as_deref(),
-            Some("runtimeoptions.v1.Options")
-        );
+        assert_eq!(got.options_type.as_deref(), Some("runtimeoptions.v1.Options"));
         assert_eq!(got.socket_dir, None);
 
         let mut params = BootstrapParams::new();
@@ -84,10 +68,7 @@ mod tests {
         let got = parse_stdin(&params.write_to_bytes().unwrap(), "sb").unwrap();
         assert_eq!(got.socket_dir.as_deref(), Some("/run/containerd/s"));
 
-        assert!(parse_stdin(&[0xff, 0xff], "sb")
-            .unwrap_err()
-            .to_string()
-            .starts_with("stdin:"));
+        assert!(parse_stdin(&[0xff, 0xff], "sb").unwrap_err().to_string().starts_with("stdin:"));
     }
 
     #[test]

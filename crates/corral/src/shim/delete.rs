@@ -51,9 +51,7 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let bytes = resp.write_to_bytes().expect("DeleteResponse encodes");
     use std::io::Write;
-    std::io::stdout()
-        .write_all(&bytes)
-        .context(|| "write DeleteResponse".into())
+    std::io::stdout().write_all(&bytes).context(|| "write DeleteResponse".into())
 }
 
 /// Whether `pid` is a corral process of `role` ("serve" or "holder") for sandbox `id`: never kill
@@ -74,10 +72,7 @@ async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
     if is_ours(record.server_pid, "serve", id) {
         let _ = kill(Pid::from_raw(record.server_pid), Signal::SIGKILL);
     }
-    let runc = Runc {
-        binary: record.runc_binary.clone(),
-        root: record.runc_root.clone(),
-    };
+    let runc = Runc { binary: record.runc_binary.clone(), root: record.runc_root.clone() };
     for (cid, bundle) in &record.containers {
         release_container(&runc, cid, bundle).await;
     }

@@ -11,8 +11,7 @@ use containerd_shim_protos::types::introspection::{RuntimeInfo, RuntimeVersion};
 use crate::error::{Error, IoContext, Result};
 
 /// The type URL containerd decodes `features` with.
-pub const FEATURES_TYPE: &str =
-    "types.containerd.io/opencontainers/runtime-spec/1/features/Features";
+pub const FEATURES_TYPE: &str = "types.containerd.io/opencontainers/runtime-spec/1/features/Features";
 
 /// Builds the RuntimeInfo; `features` is the output of `<runtime> features` (JSON).
 pub fn runtime_info(version: &str, revision: &str, features: Option<Vec<u8>>) -> RuntimeInfo {
@@ -39,17 +38,11 @@ pub fn run(version: &str, revision: &str, runc: &str) -> Result<()> {
         .arg("features")
         .output()
         .ok()
-        .filter(|o| {
-            o.status.success() && serde_json::from_slice::<serde_json::Value>(&o.stdout).is_ok()
-        })
+        .filter(|o| o.status.success() && serde_json::from_slice::<serde_json::Value>(&o.stdout).is_ok())
         .map(|o| o.stdout);
     let info = runtime_info(version, revision, features);
-    let bytes = info
-        .write_to_bytes()
-        .map_err(|e| Error::invalid(format!("encode RuntimeInfo: {e}")))?;
-    std::io::stdout()
-        .write_all(&bytes)
-        .context(|| "write RuntimeInfo".into())
+    let bytes = info.write_to_bytes().map_err(|e| Error::invalid(format!("encode RuntimeInfo: {e}")))?;
+    std::io::stdout().write_all(&bytes).context(|| "write RuntimeInfo".into())
 }
 
 #[cfg(test)]
@@ -58,20 +51,10 @@ mod tests {
 
     #[test]
     fn info_carries_name_version_and_features() {
-        let info = runtime_info(
-            "0.1.0",
-            "abc123",
-            Some(br#"{"ociVersionMin":"1.0.0"}"#.to_vec()),
-        );
+        let info = runtime_info("0.1.0", "abc123", Some(br#"{"ociVersionMin":"1.0.0"}"#.to_vec()));
         let back = RuntimeInfo::parse_from_bytes(&info.write_to_bytes().unwrap()).unwrap();
         assert_eq!(back.name, "io.containerd.corral.v2");
-        assert_eq!(
-            (
-                back.version.version.as_str(),
-                back.version.revision.as_str()
-            ),
-            ("0.1.0", "abc123")
-        );
+        assert_eq!((back.version.version.as_str(), back.version.revision.as_str()), ("0.1.0", "abc123"));
         assert_eq!(back.features.type_url, FEATURES_TYPE);
         assert!(runtime_info("0.1.0", "x", None).features.is_none());
     }

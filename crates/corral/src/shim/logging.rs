@@ -18,14 +18,8 @@ pub fn init(debug: bool, sandbox_id: &str, level: &str) {
     };
     // Non-blocking: if containerd stops reading (restart), a full pipe drops lines instead of
     // stalling the pod's RPCs.
-    let fifo = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open("log");
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(false)
-        .with_target(false);
+    let fifo = OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open("log");
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false).with_target(false);
     let _ = match fifo {
         Ok(file) => builder.with_writer(Mutex::new(file)).try_init(),
         Err(_) => builder.with_writer(std::io::sink).try_init(),

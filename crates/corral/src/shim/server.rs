@@ -32,10 +32,7 @@ pub fn run(args: &Args) -> Result<()> {
     // them corral's children so their exit status can be collected.
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument only.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-        return Err(Error::io(
-            "become child subreaper",
-            std::io::Error::last_os_error(),
-        ));
+        return Err(Error::io("become child subreaper", std::io::Error::last_os_error()));
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -77,18 +74,13 @@ async fn serve(args: &Args) -> Result<()> {
     for (name, service) in create_task(tasks) {
         services.insert(name.replace(".v3.", ".v2."), service);
     }
-    services.extend(create_sandbox(Arc::new(SandboxService {
-        shim: shim.clone(),
-    })));
+    services.extend(create_sandbox(Arc::new(SandboxService { shim: shim.clone() })));
 
     // SAFETY: `start` placed a listening unix socket on LISTEN_FD for this process alone.
     let server = unsafe { ttrpc::asynchronous::Server::new().add_unix_listener(LISTEN_FD) }
         .map_err(|e| Error::invalid(format!("listener on fd {LISTEN_FD}: {e}")))?;
     let mut server = server.register_service(services);
-    server
-        .start()
-        .await
-        .map_err(|e| Error::invalid(format!("start ttrpc server: {e}")))?;
+    server.start().await.map_err(|e| Error::invalid(format!("start ttrpc server: {e}")))?;
 
     // SAFETY: `start` placed the write end of its readiness pipe on READY_FD for us alone.
     let mut ready = unsafe { std::fs::File::from_raw_fd(READY_FD) };

@@ -77,8 +77,7 @@ pub fn run(args: &Args) -> Result<()> {
 
 fn print_reply(socket: &Path) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    out.write_all(bootstrap::reply_json(socket).as_bytes())
-        .context(|| "write bootstrap reply".into())?;
+    out.write_all(bootstrap::reply_json(socket).as_bytes()).context(|| "write bootstrap reply".into())?;
     out.flush().context(|| "flush bootstrap reply".into())
 }
 
@@ -98,22 +97,14 @@ fn spawn_server(
 ) -> Result<std::process::Child> {
     let mut cmd = Command::new("/proc/self/exe");
     cmd.arg0(super::BINARY_NAME);
-    cmd.arg("-namespace")
-        .arg(&args.namespace)
-        .arg("-address")
-        .arg(&args.address);
-    cmd.arg("-publish-binary")
-        .arg(&args.publish_binary)
-        .arg("-id")
-        .arg(&args.id);
+    cmd.arg("-namespace").arg(&args.namespace).arg("-address").arg(&args.address);
+    cmd.arg("-publish-binary").arg(&args.publish_binary).arg("-id").arg(&args.id);
     cmd.arg("-socket").arg(socket);
     if args.debug {
         cmd.arg("-debug");
     }
     cmd.arg("serve");
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     let (lfd, rfd) = (listener.as_raw_fd(), ready_w.as_raw_fd());
     // SAFETY: between fork and exec this only calls async-signal-safe functions (fcntl, dup2,
     // setsid) on fds that stay open in the parent until spawn returns.
@@ -138,20 +129,13 @@ fn spawn_server(
     Ok(child)
 }
 
-fn read_with_timeout(
-    file: &mut std::fs::File,
-    buf: &mut [u8],
-    timeout: Duration,
-) -> std::io::Result<usize> {
+fn read_with_timeout(file: &mut std::fs::File, buf: &mut [u8], timeout: Duration) -> std::io::Result<usize> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
     let mut fds = [PollFd::new(file.as_fd(), PollFlags::POLLIN)];
     let ms = PollTimeout::try_from(timeout.as_millis() as i32).unwrap_or(PollTimeout::MAX);
     match poll(&mut fds, ms)? {
-        0 => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "timed out",
-        )),
+        0 => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out")),
         _ => file.read(buf),
     }
 }
@@ -162,31 +146,15 @@ mod tests {
 
     #[test]
     fn socket_path_is_stable_short_and_distinct() {
-        let a = socket_path(
-            Path::new(SOCKET_DIR),
-            "/run/containerd/containerd.sock",
-            "k8s.io",
-            &"a".repeat(64),
-        );
-        let b = socket_path(
-            Path::new(SOCKET_DIR),
-            "/run/containerd/containerd.sock",
-            "k8s.io",
-            &"b".repeat(64),
-        );
+        let a =
+            socket_path(Path::new(SOCKET_DIR), "/run/containerd/containerd.sock", "k8s.io", &"a".repeat(64));
+        let b =
+            socket_path(Path::new(SOCKET_DIR), "/run/containerd/containerd.sock", "k8s.io", &"b".repeat(64));
         assert_eq!(
             a,
-            socket_path(
-                Path::new(SOCKET_DIR),
-                "/run/containerd/containerd.sock",
-                "k8s.io",
-                &"a".repeat(64)
-            )
+            socket_path(Path::new(SOCKET_DIR), "/run/containerd/containerd.sock", "k8s.io", &"a".repeat(64))
         );
         assert_ne!(a, b);
-        assert!(
-            a.as_os_str().len() < 108,
-            "unix socket paths are limited to 107 bytes"
-        );
+        assert!(a.as_os_str().len() < 108, "unix socket paths are limited to 107 bytes");
     }
 }

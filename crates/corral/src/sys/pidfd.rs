@@ -81,10 +81,7 @@ impl PidFd {
                 Ok(guard) => guard,
                 Err(_) => return 255,
             };
-            match waitid(
-                Id::PIDFd(self.fd.get_ref().as_fd()),
-                WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG,
-            ) {
+            match waitid(Id::PIDFd(self.fd.get_ref().as_fd()), WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG) {
                 Ok(WaitStatus::StillAlive) => guard.clear_ready(),
                 Ok(status) => return exit_code(status),
                 Err(nix::errno::Errno::EINTR) => continue,
@@ -112,17 +109,11 @@ mod tests {
     // The children are reaped through their pidfds, which clippy cannot see.
     #[allow(clippy::zombie_processes)]
     async fn reports_exit_codes_and_signals() {
-        let child = std::process::Command::new("/bin/sh")
-            .args(["-c", "exit 7"])
-            .spawn()
-            .unwrap();
+        let child = std::process::Command::new("/bin/sh").args(["-c", "exit 7"]).spawn().unwrap();
         let pidfd = PidFd::open(child.id() as i32).unwrap();
         assert_eq!(pidfd.wait().await, 7);
 
-        let child = std::process::Command::new("/bin/sleep")
-            .arg("100")
-            .spawn()
-            .unwrap();
+        let child = std::process::Command::new("/bin/sleep").arg("100").spawn().unwrap();
         let pidfd = PidFd::open(child.id() as i32).unwrap();
         pidfd.signal(Signal::SIGKILL).unwrap();
         assert_eq!(pidfd.wait().await, 137);

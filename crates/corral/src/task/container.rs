@@ -38,24 +38,18 @@ struct Exec {
 pub fn validate_id(field: &str, id: &str) -> Result<()> {
     let ok = !id.is_empty()
         && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
         && !id.starts_with('.');
     if ok {
         Ok(())
     } else {
-        Err(Error::invalid(format!(
-            "{field}: {id:?} is not a valid id (1-128 of [A-Za-z0-9_.-])"
-        )))
+        Err(Error::invalid(format!("{field}: {id:?} is not a valid id (1-128 of [A-Za-z0-9_.-])")))
     }
 }
 
 fn check_stdio(terminal: bool) -> Result<()> {
     if terminal {
-        return Err(Error::Unimplemented(
-            "terminal: tty processes are not supported yet".into(),
-        ));
+        return Err(Error::Unimplemented("terminal: tty processes are not supported yet".into()));
     }
     Ok(())
 }
@@ -151,19 +145,14 @@ impl Container {
             .unwrap()
             .get(exec_id)
             .map(|e| e.process.clone())
-            .ok_or_else(|| {
-                Error::not_found(format!("container {}: exec {exec_id} not found", self.id))
-            })
+            .ok_or_else(|| Error::not_found(format!("container {}: exec {exec_id} not found", self.id)))
     }
 
     pub async fn kill(&self, runc: &Runc, exec_id: &str, signal: u32, all: bool) -> Result<()> {
         let process = self.process(exec_id)?;
         if all && exec_id.is_empty() {
             if process.exit().is_some() {
-                return Err(Error::not_found(format!(
-                    "{}: process already finished",
-                    self.id
-                )));
+                return Err(Error::not_found(format!("{}: process already finished", self.id)));
             }
             return runc.kill(&self.id, signal, true).await;
         }
@@ -173,18 +162,14 @@ impl Container {
     /// Freezes or thaws the container; refuses a container that is not running.
     pub async fn set_paused(&self, runc: &Runc, paused: bool) -> Result<()> {
         if self.init.status() != Status::Running || self.init.exit().is_some() {
-            return Err(Error::precondition(format!(
-                "container {}: not running",
-                self.id
-            )));
+            return Err(Error::precondition(format!("container {}: not running", self.id)));
         }
         if paused {
             runc.pause(&self.id).await?;
         } else {
             runc.resume(&self.id).await?;
         }
-        self.paused
-            .store(paused, std::sync::atomic::Ordering::SeqCst);
+        self.paused.store(paused, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
 
@@ -198,10 +183,7 @@ impl Container {
         runc: &Runc,
         resources: &containerd_shim_protos::protobuf::well_known_types::any::Any,
     ) -> Result<()> {
-        if !resources
-            .type_url
-            .ends_with("runtime-spec/1/LinuxResources")
-        {
+        if !resources.type_url.ends_with("runtime-spec/1/LinuxResources") {
             return Err(Error::invalid(format!(
                 "resources.type_url: {:?} is not an OCI LinuxResources",
                 resources.type_url
@@ -212,10 +194,7 @@ impl Container {
             .filter(Value::is_object)
             .ok_or_else(|| Error::invalid("resources.value: not a JSON object"))?;
         if self.init.exit().is_some() {
-            return Err(Error::precondition(format!(
-                "container {}: not running",
-                self.id
-            )));
+            return Err(Error::precondition(format!("container {}: not running", self.id)));
         }
         runc.update(&self.id, &resources.value).await
     }
@@ -225,15 +204,9 @@ impl Container {
         validate_id("exec_id", &req.exec_id)?;
         check_stdio(req.terminal)?;
         if self.init.status() != Status::Running || self.init.exit().is_some() {
-            return Err(Error::precondition(format!(
-                "container {}: not running; cannot exec",
-                self.id
-            )));
+            return Err(Error::precondition(format!("container {}: not running; cannot exec", self.id)));
         }
-        let any = req
-            .spec
-            .as_ref()
-            .ok_or_else(|| Error::invalid("spec: missing the exec's process spec"))?;
+        let any = req.spec.as_ref().ok_or_else(|| Error::invalid("spec: missing the exec's process spec"))?;
         if !any.type_url.ends_with("runtime-spec/1/Process") {
             return Err(Error::invalid(format!(
                 "spec.type_url: {:?} is not {PROCESS_SPEC_TYPE:?}",
@@ -242,11 +215,7 @@ impl Container {
         }
         let spec: Value = serde_json::from_slice(&any.value)
             .map_err(|e| Error::invalid(format!("spec.value: not an OCI process (JSON): {e}")))?;
-        if spec
-            .get("args")
-            .and_then(Value::as_array)
-            .is_none_or(Vec::is_empty)
-        {
+        if spec.get("args").and_then(Value::as_array).is_none_or(Vec::is_empty) {
             return Err(Error::invalid("spec.value: process.args is empty"));
         }
         let process = Arc::new(Process::new(
@@ -265,13 +234,7 @@ impl Container {
                 self.id, req.exec_id
             )));
         }
-        execs.insert(
-            req.exec_id.clone(),
-            Exec {
-                process: process.clone(),
-                spec,
-            },
-        );
+        execs.insert(req.exec_id.clone(), Exec { process: process.clone(), spec });
         Ok(process)
     }
 
@@ -285,31 +248,17 @@ impl Container {
             (exec.process.clone(), exec.spec.clone())
         };
         if process.status() != Status::Created {
-            return Err(Error::precondition(format!(
-                "exec {exec_id}: already started"
-            )));
+            return Err(Error::precondition(format!("exec {exec_id}: already started")));
         }
         let spec_file = self.bundle.join(format!("exec-{exec_id}.json"));
         let pid_file = self.bundle.join(format!("exec-{exec_id}.pid"));
-        std::fs::write(
-            &spec_file,
-            serde_json::to_vec(&spec).expect("JSON serializes"),
-        )
-        .with_path("write", &spec_file)?;
-        let (io, kept) = stdio::open(
-            &process.stdio.stdin,
-            &process.stdio.stdout,
-            &process.stdio.stderr,
-        )?;
+        std::fs::write(&spec_file, serde_json::to_vec(&spec).expect("JSON serializes"))
+            .with_path("write", &spec_file)?;
+        let (io, kept) = stdio::open(&process.stdio.stdin, &process.stdio.stdout, &process.stdio.stderr)?;
         process.keep_io(kept);
-        let ran = runc
-            .exec(&self.id, &self.bundle, &spec_file, &pid_file, io)
-            .await;
+        let ran = runc.exec(&self.id, &self.bundle, &spec_file, &pid_file, io).await;
         let _ = std::fs::remove_file(&spec_file);
-        match ran
-            .and_then(|()| read_pid(&pid_file))
-            .and_then(|pid| process.attach(pid))
-        {
+        match ran.and_then(|()| read_pid(&pid_file)).and_then(|pid| process.attach(pid)) {
             Ok(()) => {
                 let _ = std::fs::remove_file(&pid_file);
                 process.set_running();
@@ -370,12 +319,7 @@ impl Container {
 /// corral mounts the rootfs and rewrites config.json there, so anything else is refused: an
 /// absolute, symlink-free path of that shape for this namespace and id.
 pub fn check_bundle(bundle: &Path, id: &str, namespace: &str) -> Result<()> {
-    let refuse = |why: &str| {
-        Err(Error::invalid(format!(
-            "bundle: {:?} {why}",
-            bundle.display().to_string()
-        )))
-    };
+    let refuse = |why: &str| Err(Error::invalid(format!("bundle: {:?} {why}", bundle.display().to_string())));
     if !bundle.is_absolute() {
         return refuse("is not an absolute path");
     }
@@ -388,9 +332,7 @@ pub fn check_bundle(bundle: &Path, id: &str, namespace: &str) -> Result<()> {
         || ns != Some(namespace.as_ref())
         || plugin != Some("io.containerd.runtime.v2.task".as_ref())
     {
-        return refuse(&format!(
-            "is not <containerd state>/io.containerd.runtime.v2.task/{namespace}/{id}"
-        ));
+        return refuse(&format!("is not <containerd state>/io.containerd.runtime.v2.task/{namespace}/{id}"));
     }
     Ok(())
 }
@@ -416,11 +358,8 @@ mod tests {
         let err = |p: &Path, id: &str| check_bundle(p, id, "k8s.io").unwrap_err().to_string();
         assert!(err(&good, "c2").contains("io.containerd.runtime.v2.task/k8s.io/c2"));
         assert!(err(Path::new("rel/c1"), "c1").contains("not an absolute path"));
-        assert!(err(
-            &dir.join("io.containerd.runtime.v2.task/k8s.io/../k8s.io/c1"),
-            "c1"
-        )
-        .contains("symlinks or '..'"));
+        assert!(err(&dir.join("io.containerd.runtime.v2.task/k8s.io/../k8s.io/c1"), "c1")
+            .contains("symlinks or '..'"));
         let link = dir.join("link");
         std::os::unix::fs::symlink(&good, &link).unwrap();
         assert!(err(&link, "c1").contains("symlinks"));

@@ -44,30 +44,23 @@ fn proc_ns_name(oci_type: &str) -> Option<&'static str> {
 
 /// Rewrites `spec` in place. Errors name the offending JSON field.
 pub fn rewrite(spec: &mut Value, pod: &PodContext) -> Result<()> {
-    let obj = spec
-        .as_object_mut()
-        .ok_or_else(|| Error::invalid("config.json: not a JSON object"))?;
-    let readonly_root = obj
-        .get("root")
-        .and_then(|r| r.get("readonly"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+    let obj = spec.as_object_mut().ok_or_else(|| Error::invalid("config.json: not a JSON object"))?;
+    let readonly_root =
+        obj.get("root").and_then(|r| r.get("readonly")).and_then(Value::as_bool).unwrap_or(false);
 
     if let Some(namespaces) = obj.get_mut("linux").and_then(|l| l.get_mut("namespaces")) {
         let list = namespaces
             .as_array_mut()
             .ok_or_else(|| Error::invalid("config.json: linux.namespaces is not an array"))?;
         for (i, ns) in list.iter_mut().enumerate() {
-            rewrite_namespace(ns, pod).map_err(|why| {
-                Error::invalid(format!("config.json: linux.namespaces[{i}]: {why}"))
-            })?;
+            rewrite_namespace(ns, pod)
+                .map_err(|why| Error::invalid(format!("config.json: linux.namespaces[{i}]: {why}")))?;
         }
     }
 
     let mounts = obj.entry("mounts").or_insert_with(|| json!([]));
-    let mounts = mounts
-        .as_array_mut()
-        .ok_or_else(|| Error::invalid("config.json: mounts is not an array"))?;
+    let mounts =
+        mounts.as_array_mut().ok_or_else(|| Error::invalid("config.json: mounts is not an array"))?;
     for (i, m) in mounts.iter().enumerate() {
         if !m.get("destination").is_some_and(Value::is_string) {
             return Err(Error::invalid(format!(
@@ -76,11 +69,9 @@ pub fn rewrite(spec: &mut Value, pod: &PodContext) -> Result<()> {
         }
     }
     let file_mode = if readonly_root { "ro" } else { "rw" };
-    for (dest, source) in [
-        ("/etc/hostname", &pod.hostname),
-        ("/etc/hosts", &pod.hosts),
-        ("/etc/resolv.conf", &pod.resolv_conf),
-    ] {
+    for (dest, source) in
+        [("/etc/hostname", &pod.hostname), ("/etc/hosts", &pod.hosts), ("/etc/resolv.conf", &pod.resolv_conf)]
+    {
         if position(mounts, dest).is_none() {
             mounts.push(bind(dest, source, file_mode));
         }
@@ -100,17 +91,11 @@ fn rewrite_namespace(ns: &mut Value, pod: &PodContext) -> std::result::Result<()
     let Some(path) = ns.get("path").and_then(Value::as_str) else {
         return Ok(());
     };
-    let kind = ns
-        .get("type")
-        .and_then(Value::as_str)
-        .ok_or("type: missing or not a string")?;
-    let name =
-        proc_ns_name(kind).ok_or_else(|| format!("type: unknown namespace type {kind:?}"))?;
+    let kind = ns.get("type").and_then(Value::as_str).ok_or("type: missing or not a string")?;
+    let name = proc_ns_name(kind).ok_or_else(|| format!("type: unknown namespace type {kind:?}"))?;
     // Only the sandbox's own paths are rewritten; TARGET mode points at another container's init
     // and must stay.
-    let ours = [pod.sandbox_pid, 0]
-        .iter()
-        .any(|pid| path == format!("/proc/{pid}/ns/{name}"));
+    let ours = [pod.sandbox_pid, 0].iter().any(|pid| path == format!("/proc/{pid}/ns/{name}"));
     if !ours {
         return Ok(());
     }
@@ -125,13 +110,9 @@ fn rewrite_namespace(ns: &mut Value, pod: &PodContext) -> std::result::Result<()
 
 fn position(mounts: &[Value], destination: &str) -> Option<usize> {
     let clean = |p: &str| p.trim_end_matches('/').to_string();
-    mounts.iter().position(|m| {
-        m.get("destination")
-            .and_then(Value::as_str)
-            .map(clean)
-            .as_deref()
-            == Some(destination)
-    })
+    mounts
+        .iter()
+        .position(|m| m.get("destination").and_then(Value::as_str).map(clean).as_deref() == Some(destination))
 }
 
 fn is_default_shm(m: &Value) -> bool {
@@ -203,29 +184,17 @@ mod tests {
     }
 
     fn mount_at<'a>(spec: &'a Value, dest: &str) -> Vec<&'a Value> {
-        spec["mounts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|m| m["destination"] == dest)
-            .collect()
+        spec["mounts"].as_array().unwrap().iter().filter(|m| m["destination"] == dest).collect()
     }
 
     #[test]
     fn points_namespaces_at_the_pins_and_keeps_fresh_ones() {
         let mut spec = cri_spec();
         rewrite(&mut spec, &pod()).unwrap();
-        assert_eq!(
-            ns_path(&spec, "network").as_deref(),
-            Some("/b/rootfs/ns/net")
-        );
+        assert_eq!(ns_path(&spec, "network").as_deref(), Some("/b/rootfs/ns/net"));
         assert_eq!(ns_path(&spec, "ipc").as_deref(), Some("/b/rootfs/ns/ipc"));
         assert_eq!(ns_path(&spec, "uts").as_deref(), Some("/b/rootfs/ns/uts"));
-        assert_eq!(
-            ns_path(&spec, "pid"),
-            None,
-            "kubelet's default: a fresh pid namespace"
-        );
+        assert_eq!(ns_path(&spec, "pid"), None, "kubelet's default: a fresh pid namespace");
     }
 
     #[test]
@@ -236,10 +205,7 @@ mod tests {
         assert_eq!(hostname.len(), 1);
         assert_eq!(hostname[0]["source"], "/b/pod/hostname");
         assert_eq!(hostname[0]["options"], json!(["rbind", "rprivate", "rw"]));
-        assert_eq!(
-            mount_at(&spec, "/etc/resolv.conf")[0]["source"],
-            "/b/pod/resolv.conf"
-        );
+        assert_eq!(mount_at(&spec, "/etc/resolv.conf")[0]["source"], "/b/pod/resolv.conf");
         // kubelet's /etc/hosts stays.
         let hosts = mount_at(&spec, "/etc/hosts");
         assert_eq!(hosts.len(), 1);
@@ -275,10 +241,7 @@ mod tests {
         spec["linux"]["namespaces"][0] = json!({"type": "pid", "path": "/proc/0/ns/pid"});
         spec["linux"]["namespaces"][4] = json!({"type": "network", "path": "/proc/0/ns/net"});
         rewrite(&mut spec, &pod()).unwrap();
-        assert_eq!(
-            ns_path(&spec, "network").as_deref(),
-            Some("/b/rootfs/ns/net")
-        );
+        assert_eq!(ns_path(&spec, "network").as_deref(), Some("/b/rootfs/ns/net"));
         // No pin for pid: the holder's own path.
         assert_eq!(ns_path(&spec, "pid").as_deref(), Some("/proc/4242/ns/pid"));
     }
@@ -295,17 +258,10 @@ mod tests {
     fn refuses_malformed_specs_naming_the_field() {
         let err = |mut v: Value| rewrite(&mut v, &pod()).unwrap_err().to_string();
         assert_eq!(err(json!([])), "config.json: not a JSON object");
-        assert_eq!(
-            err(json!({"mounts": {}})),
-            "config.json: mounts is not an array"
-        );
+        assert_eq!(err(json!({"mounts": {}})), "config.json: mounts is not an array");
         assert!(err(json!({"mounts": [{"type": "bind"}]})).contains("mounts[0].destination"));
-        assert!(
-            err(json!({"linux": {"namespaces": 3}})).contains("linux.namespaces is not an array")
-        );
-        assert!(err(
-            json!({"linux": {"namespaces": [{"type": "bogus", "path": "/proc/4242/ns/x"}]}})
-        )
-        .contains("linux.namespaces[0]: type: unknown namespace type \"bogus\""));
+        assert!(err(json!({"linux": {"namespaces": 3}})).contains("linux.namespaces is not an array"));
+        assert!(err(json!({"linux": {"namespaces": [{"type": "bogus", "path": "/proc/4242/ns/x"}]}}))
+            .contains("linux.namespaces[0]: type: unknown namespace type \"bogus\""));
     }
 }

@@ -83,8 +83,7 @@ impl Process {
 
     /// Records the process runc created, and starts watching it.
     pub fn attach(&self, pid: u32) -> Result<()> {
-        let pidfd =
-            PidFd::open(pid as i32).context(|| format!("pidfd_open {} (pid {pid})", self.id))?;
+        let pidfd = PidFd::open(pid as i32).context(|| format!("pidfd_open {} (pid {pid})", self.id))?;
         self.pid.store(pid, Ordering::SeqCst);
         let _ = self.pidfd.set(pidfd);
         Ok(())
@@ -121,10 +120,7 @@ impl Process {
 
     /// Records an exit (also for a process that never started).
     pub fn mark_exited(&self, status: u32) -> ExitInfo {
-        let info = ExitInfo {
-            status,
-            at: SystemTime::now(),
-        };
+        let info = ExitInfo { status, at: SystemTime::now() };
         *self.status.lock().unwrap() = Status::Stopped;
         self.exit.send_if_modified(|e| {
             if e.is_none() {
@@ -150,17 +146,12 @@ impl Process {
     /// Signals the process; NotFound once it has exited (containerd treats that as done).
     pub fn signal(&self, signal: u32) -> Result<()> {
         if self.exit().is_some() || self.status() == Status::Stopped {
-            return Err(Error::not_found(format!(
-                "{}: process already finished",
-                self.id
-            )));
+            return Err(Error::not_found(format!("{}: process already finished", self.id)));
         }
         let sig = Signal::try_from(signal as i32)
             .map_err(|_| Error::invalid(format!("signal: {signal} is not a signal")))?;
-        let pidfd = self
-            .pidfd
-            .get()
-            .ok_or_else(|| Error::precondition(format!("{}: not started", self.id)))?;
+        let pidfd =
+            self.pidfd.get().ok_or_else(|| Error::precondition(format!("{}: not started", self.id)))?;
         pidfd.signal(sig).context(|| format!("signal {}", self.id))
     }
 }

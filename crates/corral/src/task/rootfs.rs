@@ -54,11 +54,7 @@ pub fn mount_rootfs(mounts: &[Mount], target: &Path) -> Result<()> {
     for (i, m) in mounts.iter().enumerate() {
         let (flags, data) = parse_options(&m.options);
         // A bind mount has no filesystem type; "bind" as a type is containerd's spelling of it.
-        let fstype = if m.type_.is_empty() || m.type_ == "bind" {
-            None
-        } else {
-            Some(m.type_.as_str())
-        };
+        let fstype = if m.type_.is_empty() || m.type_ == "bind" { None } else { Some(m.type_.as_str()) };
         let data = (!data.is_empty()).then_some(data.as_str());
         if data.is_some_and(|d| d.len() >= 4096) {
             let _ = unmount_rootfs(target);
@@ -67,10 +63,9 @@ pub fn mount_rootfs(mounts: &[Mount], target: &Path) -> Result<()> {
                 data.map_or(0, str::len)
             )));
         }
-        if let Err(e) = mount(Some(m.source.as_str()), target, fstype, flags, data).with_path(
-            &format!("mount rootfs[{i}] ({} {}) on", m.type_, m.source),
-            target,
-        ) {
+        if let Err(e) = mount(Some(m.source.as_str()), target, fstype, flags, data)
+            .with_path(&format!("mount rootfs[{i}] ({} {}) on", m.type_, m.source), target)
+        {
             let _ = unmount_rootfs(target);
             return Err(e);
         }
@@ -97,8 +92,7 @@ pub fn is_mount_point(path: &Path) -> bool {
         return false;
     };
     let wanted = path.to_string_lossy();
-    info.lines()
-        .any(|l| l.split(' ').nth(4) == Some(wanted.as_ref()))
+    info.lines().any(|l| l.split(' ').nth(4) == Some(wanted.as_ref()))
 }
 
 #[cfg(test)]
@@ -107,17 +101,10 @@ mod tests {
 
     #[test]
     fn splits_flags_from_overlay_data() {
-        let opts: Vec<String> = [
-            "ro",
-            "index=off",
-            "lowerdir=/a:/b",
-            "upperdir=/u",
-            "workdir=/w",
-            "nosuid",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let opts: Vec<String> = ["ro", "index=off", "lowerdir=/a:/b", "upperdir=/u", "workdir=/w", "nosuid"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let (flags, data) = parse_options(&opts);
         assert_eq!(flags, MsFlags::MS_RDONLY | MsFlags::MS_NOSUID);
         assert_eq!(data, "index=off,lowerdir=/a:/b,upperdir=/u,workdir=/w");

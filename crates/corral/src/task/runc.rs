@@ -37,19 +37,13 @@ pub struct CreateIo {
 impl Runc {
     /// The runtime of the configuration, with one state root per containerd namespace.
     pub fn for_namespace(config: &crate::config::Config, namespace: &str) -> Self {
-        Runc {
-            binary: PathBuf::from(&config.runtime.binary),
-            root: config.runtime.root.join(namespace),
-        }
+        Runc { binary: PathBuf::from(&config.runtime.binary), root: config.runtime.root.join(namespace) }
     }
 
     /// `runc --root R --log-format json [--log L]`; without a log file runc logs to stderr.
     fn command(&self, log: Option<&Path>) -> Command {
         let mut cmd = Command::new(&self.binary);
-        cmd.arg("--root")
-            .arg(&self.root)
-            .arg("--log-format")
-            .arg("json");
+        cmd.arg("--root").arg(&self.root).arg("--log-format").arg("json");
         if let Some(log) = log {
             cmd.arg("--log").arg(log);
         }
@@ -58,25 +52,10 @@ impl Runc {
     }
 
     /// `runc create`: the container's init waits on runc's exec FIFO until `start`.
-    pub async fn create(
-        &self,
-        id: &str,
-        bundle: &Path,
-        pid_file: &Path,
-        io: CreateIo,
-    ) -> Result<()> {
-        let mut args = vec![
-            "create".into(),
-            "--bundle".into(),
-            bundle.display().to_string(),
-        ];
-        args.extend([
-            "--pid-file".into(),
-            pid_file.display().to_string(),
-            id.into(),
-        ]);
-        self.with_container_stdio("create", id, bundle, &args, io)
-            .await
+    pub async fn create(&self, id: &str, bundle: &Path, pid_file: &Path, io: CreateIo) -> Result<()> {
+        let mut args = vec!["create".into(), "--bundle".into(), bundle.display().to_string()];
+        args.extend(["--pid-file".into(), pid_file.display().to_string(), id.into()]);
+        self.with_container_stdio("create", id, bundle, &args, io).await
     }
 
     /// `runc exec --detach`: runs the process described by `process_json` in the container.
@@ -88,19 +67,10 @@ impl Runc {
         pid_file: &Path,
         io: CreateIo,
     ) -> Result<()> {
-        let mut args = vec![
-            "exec".into(),
-            "--detach".into(),
-            "--process".into(),
-            process_json.display().to_string(),
-        ];
-        args.extend([
-            "--pid-file".into(),
-            pid_file.display().to_string(),
-            id.into(),
-        ]);
-        self.with_container_stdio("exec", id, bundle, &args, io)
-            .await
+        let mut args =
+            vec!["exec".into(), "--detach".into(), "--process".into(), process_json.display().to_string()];
+        args.extend(["--pid-file".into(), pid_file.display().to_string(), id.into()]);
+        self.with_container_stdio("exec", id, bundle, &args, io).await
     }
 
     async fn with_container_stdio(
@@ -114,19 +84,12 @@ impl Runc {
         let log = bundle.join("runc-log.json");
         let _ = std::fs::remove_file(&log);
         let mut cmd = self.command(Some(&log));
-        cmd.args(args)
-            .stdin(io.stdin)
-            .stdout(io.stdout)
-            .stderr(io.stderr);
+        cmd.args(args).stdin(io.stdin).stdout(io.stdout).stderr(io.stderr);
         let status = cmd.status().await.with_path("run", &self.binary)?;
         if status.success() {
             return Ok(());
         }
-        Err(Error::Runtime {
-            op,
-            id: id.into(),
-            message: last_error(&log, &status.to_string()),
-        })
+        Err(Error::Runtime { op, id: id.into(), message: last_error(&log, &status.to_string()) })
     }
 
     /// Starts a created container.
@@ -142,11 +105,7 @@ impl Runc {
         if !fifo.exists() {
             return self.simple("start", id, &["start", id]).await.map(drop);
         }
-        let failed = |message: String| Error::Runtime {
-            op: "start",
-            id: id.into(),
-            message,
-        };
+        let failed = |message: String| Error::Runtime { op: "start", id: id.into(), message };
         let mut rx = tokio::net::unix::pipe::OpenOptions::new()
             .open_receiver(&fifo)
             .map_err(|e| failed(format!("open {}: {e}", fifo.display())))?;
@@ -157,9 +116,7 @@ impl Runc {
                 match rx.read(&mut byte).await {
                     // End of file before the init's write end is open (its blocked open
                     // completes just after ours) or because it died: wait if it lives.
-                    Ok(0) if alive() => {
-                        tokio::time::sleep(std::time::Duration::from_millis(1)).await
-                    }
+                    Ok(0) if alive() => tokio::time::sleep(std::time::Duration::from_millis(1)).await,
                     other => return other,
                 }
             }
@@ -170,13 +127,9 @@ impl Runc {
                 let _ = std::fs::remove_file(&fifo);
                 Ok(())
             }
-            Ok(Ok(_)) => Err(failed(
-                "the container's init exited before it was started".into(),
-            )),
+            Ok(Ok(_)) => Err(failed("the container's init exited before it was started".into())),
             Ok(Err(e)) => Err(failed(format!("read {}: {e}", fifo.display()))),
-            Err(_) => Err(failed(
-                "the container's init did not answer within 30 s".into(),
-            )),
+            Err(_) => Err(failed("the container's init did not answer within 30 s".into())),
         }
     }
 
@@ -192,9 +145,7 @@ impl Runc {
 
     /// `runc delete --force`: removes the container, killing what is left of it.
     pub async fn delete(&self, id: &str) -> Result<()> {
-        self.simple("delete", id, &["delete", "--force", id])
-            .await
-            .map(drop)
+        self.simple("delete", id, &["delete", "--force", id]).await.map(drop)
     }
 
     /// Freezes the container (cgroup freezer).
@@ -208,28 +159,15 @@ impl Runc {
 
     /// `runc update --resources -` with an OCI LinuxResources JSON document on stdin.
     pub async fn update(&self, id: &str, resources_json: &[u8]) -> Result<()> {
-        self.run(
-            "update",
-            id,
-            &["update", "--resources", "-", id],
-            Some(resources_json),
-        )
-        .await
-        .map(drop)
+        self.run("update", id, &["update", "--resources", "-", id], Some(resources_json)).await.map(drop)
     }
 
     /// The host pids of the container's processes.
     pub async fn ps(&self, id: &str) -> Result<Vec<u32>> {
-        let out = self
-            .simple("ps", id, &["ps", "--format", "json", id])
-            .await?;
-        serde_json::from_slice::<Option<Vec<u32>>>(&out)
-            .map(Option::unwrap_or_default)
-            .map_err(|e| Error::Runtime {
-                op: "ps",
-                id: id.into(),
-                message: format!("unreadable output: {e}"),
-            })
+        let out = self.simple("ps", id, &["ps", "--format", "json", id]).await?;
+        serde_json::from_slice::<Option<Vec<u32>>>(&out).map(Option::unwrap_or_default).map_err(|e| {
+            Error::Runtime { op: "ps", id: id.into(), message: format!("unreadable output: {e}") }
+        })
     }
 
     /// Runs a subcommand that needs no container stdio; returns its stdout.
@@ -238,45 +176,25 @@ impl Runc {
     }
 
     /// Runs a subcommand with `input` on its stdin; returns its stdout.
-    async fn run(
-        &self,
-        op: &'static str,
-        id: &str,
-        args: &[&str],
-        input: Option<&[u8]>,
-    ) -> Result<Vec<u8>> {
+    async fn run(&self, op: &'static str, id: &str, args: &[&str], input: Option<&[u8]>) -> Result<Vec<u8>> {
         use tokio::io::AsyncWriteExt;
         let mut child = self
             .command(None)
             .args(args)
-            .stdin(if input.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
+            .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .with_path("run", &self.binary)?;
         if let (Some(data), Some(mut stdin)) = (input, child.stdin.take()) {
-            stdin
-                .write_all(data)
-                .await
-                .with_path("write to", &self.binary)?;
+            stdin.write_all(data).await.with_path("write to", &self.binary)?;
         }
-        let out = child
-            .wait_with_output()
-            .await
-            .with_path("run", &self.binary)?;
+        let out = child.wait_with_output().await.with_path("run", &self.binary)?;
         if out.status.success() {
             return Ok(out.stdout);
         }
         let message = last_error_in(&String::from_utf8_lossy(&out.stderr));
-        Err(Error::Runtime {
-            op,
-            id: id.into(),
-            message,
-        })
+        Err(Error::Runtime { op, id: id.into(), message })
     }
 }
 
@@ -326,10 +244,7 @@ mod tests {
             last_error(&log, "exit status 1"),
             "namespace path: lstat /proc/0/ns/net: no such file or directory"
         );
-        assert_eq!(
-            last_error(&dir.join("none"), " exit status 1\n"),
-            "exit status 1"
-        );
+        assert_eq!(last_error(&dir.join("none"), " exit status 1\n"), "exit status 1");
         assert_eq!(
             last_error_in("{\"level\":\"error\",\"msg\":\"container \\\"x\\\" does not exist\"}\n"),
             "container \"x\" does not exist"
@@ -340,17 +255,10 @@ mod tests {
 
     #[test]
     fn not_exist_is_recognised() {
-        let err = Error::Runtime {
-            op: "delete",
-            id: "x".into(),
-            message: "container \"x\" does not exist".into(),
-        };
+        let err =
+            Error::Runtime { op: "delete", id: "x".into(), message: "container \"x\" does not exist".into() };
         assert!(is_not_exist(&err));
-        let err = Error::Runtime {
-            op: "delete",
-            id: "x".into(),
-            message: "permission denied".into(),
-        };
+        let err = Error::Runtime { op: "delete", id: "x".into(), message: "permission denied".into() };
         assert!(!is_not_exist(&err));
     }
 }

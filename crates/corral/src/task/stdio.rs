@@ -41,19 +41,13 @@ pub fn target(field: &str, uri: &str) -> Result<Target> {
     };
     let path = PathBuf::from(path);
     if !path.is_absolute() {
-        return Err(Error::invalid(format!(
-            "{field}: {uri:?} is not an absolute path"
-        )));
+        return Err(Error::invalid(format!("{field}: {uri:?} is not an absolute path")));
     }
     match scheme {
         "fifo" => Ok(Target::Fifo(path)),
         "file" if field != "stdin" => Ok(Target::File(path)),
-        "file" => Err(Error::invalid(format!(
-            "{field}: file:// is for output streams"
-        ))),
-        other => Err(Error::Unimplemented(format!(
-            "{field}: {other}:// stdio is not supported yet"
-        ))),
+        "file" => Err(Error::invalid(format!("{field}: file:// is for output streams"))),
+        other => Err(Error::Unimplemented(format!("{field}: {other}:// stdio is not supported yet"))),
     }
 }
 
@@ -75,8 +69,7 @@ pub fn open(stdin: &str, stdout: &str, stderr: &str) -> Result<(CreateIo, Kept)>
             Target::Null => Stdio::null(),
             Target::File(path) => {
                 if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir)
-                        .with_path(&format!("create {field} directory"), dir)?;
+                    std::fs::create_dir_all(dir).with_path(&format!("create {field} directory"), dir)?;
                 }
                 let file = OpenOptions::new()
                     .create(true)
@@ -114,14 +107,7 @@ pub fn open(stdin: &str, stdout: &str, stderr: &str) -> Result<(CreateIo, Kept)>
     };
     let stderr = outputs.pop().expect("two outputs");
     let stdout = outputs.pop().expect("two outputs");
-    Ok((
-        CreateIo {
-            stdin,
-            stdout,
-            stderr,
-        },
-        kept,
-    ))
+    Ok((CreateIo { stdin, stdout, stderr }, kept))
 }
 
 /// A pipe for the process's stdin, fed from containerd's FIFO by a task.
@@ -134,8 +120,7 @@ fn copy_stdin(fifo: &Path) -> Result<(OwnedFd, tokio::task::AbortHandle)> {
         .with_path("open stdin", fifo)?;
     let (read, write) =
         nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::sys("create stdin pipe", e))?;
-    let mut sink =
-        tokio::net::unix::pipe::Sender::from_owned_fd(write).context(|| "stdin pipe".into())?;
+    let mut sink = tokio::net::unix::pipe::Sender::from_owned_fd(write).context(|| "stdin pipe".into())?;
     let task = tokio::spawn(async move {
         let _ = tokio::io::copy(&mut source, &mut sink).await;
     });
@@ -146,10 +131,7 @@ fn copy_stdin(fifo: &Path) -> Result<(OwnedFd, tokio::task::AbortHandle)> {
 fn blocking(file: File) -> std::io::Result<File> {
     use std::os::fd::AsRawFd;
     let flags = OFlag::from_bits_truncate(fcntl(file.as_raw_fd(), FcntlArg::F_GETFL)?);
-    fcntl(
-        file.as_raw_fd(),
-        FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK),
-    )?;
+    fcntl(file.as_raw_fd(), FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;
     Ok(file)
 }
 
@@ -160,29 +142,11 @@ mod tests {
     #[test]
     fn parses_stdio_uris() {
         assert_eq!(target("stdout", "").unwrap(), Target::Null);
-        assert_eq!(
-            target("stdout", "/run/x/stdout").unwrap(),
-            Target::Fifo("/run/x/stdout".into())
-        );
-        assert_eq!(
-            target("stdout", "fifo:///run/x").unwrap(),
-            Target::Fifo("/run/x".into())
-        );
-        assert_eq!(
-            target("stderr", "file:///var/log/c.log").unwrap(),
-            Target::File("/var/log/c.log".into())
-        );
-        assert!(target("stdin", "file:///etc/passwd")
-            .unwrap_err()
-            .to_string()
-            .contains("output streams"));
-        assert!(matches!(
-            target("stdout", "binary:///usr/bin/logger").unwrap_err(),
-            Error::Unimplemented(_)
-        ));
-        assert!(target("stdout", "relative/path")
-            .unwrap_err()
-            .to_string()
-            .contains("not an absolute path"));
+        assert_eq!(target("stdout", "/run/x/stdout").unwrap(), Target::Fifo("/run/x/stdout".into()));
+        assert_eq!(target("stdout", "fifo:///run/x").unwrap(), Target::Fifo("/run/x".into()));
+        assert_eq!(target("stderr", "file:///var/log/c.log").unwrap(), Target::File("/var/log/c.log".into()));
+        assert!(target("stdin", "file:///etc/passwd").unwrap_err().to_string().contains("output streams"));
+        assert!(matches!(target("stdout", "binary:///usr/bin/logger").unwrap_err(), Error::Unimplemented(_)));
+        assert!(target("stdout", "relative/path").unwrap_err().to_string().contains("not an absolute path"));
     }
 }

@@ -48,15 +48,10 @@ async fn main() -> Result<()> {
         .run_container(
             &pod,
             &cfg,
-            &container_config(
-                "web",
-                "echo web says hello from $(hostname); exec sleep 1000",
-            ),
+            &container_config("web", "echo web says hello from $(hostname); exec sleep 1000"),
         )
         .await?;
-    let side = cri
-        .run_container(&pod, &cfg, &container_config("sidecar", "exec sleep 1000"))
-        .await?;
+    let side = cri.run_container(&pod, &cfg, &container_config("sidecar", "exec sleep 1000")).await?;
     let line = wait_for_text(&logs.join("web.log"), "hello", Duration::from_secs(10)).await?;
     println!("web's CRI log: {}", line.trim());
 
@@ -81,19 +76,12 @@ async fn main() -> Result<()> {
     println!(
         "\ncontainerd's containers: {} (the sandbox id is {}among them: no pause container)",
         containers.lines().count(),
-        if containers.contains(&pod) {
-            ""
-        } else {
-            "not "
-        }
+        if containers.contains(&pod) { "" } else { "not " }
     );
 
     // `corral-demo --hold SECS`: keep the pod running to look around before teardown.
-    let hold: u64 = std::env::args()
-        .skip_while(|a| a != "--hold")
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+    let hold: u64 =
+        std::env::args().skip_while(|a| a != "--hold").nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     if hold > 0 {
         println!("holding the pod for {hold} s (sandbox {pod})");
         tokio::time::sleep(Duration::from_secs(hold)).await;
