@@ -21,8 +21,16 @@ pub const NAMESPACE: &str = "corral-direct";
 static DIRECT_CGROUPS_USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl Drop for DirectShim {
-    /// Removes the bundle and the empty parent cgroup runc made for direct containers.
+    /// Ends what a failed test left, removes the bundle and the empty parent cgroup runc made
+    /// for direct containers.
     fn drop(&mut self) {
+        // A test that failed half-way leaves its shim and holder: end them (their argv names
+        // the id) and remove the socket.
+        for pid in crate::probe::pids_with_cmdline(&self.id) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        let _ = std::fs::remove_file(&self.socket);
         let _ = std::fs::remove_dir_all(&self.dir);
         if DIRECT_CGROUPS_USED.load(std::sync::atomic::Ordering::SeqCst) {
             if let Ok(mounts) = std::fs::read_dir("/sys/fs/cgroup") {
