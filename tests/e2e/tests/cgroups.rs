@@ -13,13 +13,6 @@ use corral_rig::cri::{container_config, log_dir, pod_config};
 use corral_rig::{eventually, probe, Options, Rig};
 use k8s_cri::v1::{ContainerStatsRequest, LinuxContainerResources, PodSandboxStatsRequest};
 
-fn holder_of(sandbox: &str) -> Option<u32> {
-    probe::all_pids().into_iter().find(|p| {
-        let argv = probe::cmdline(*p);
-        argv.get(1).is_some_and(|a| a == "holder") && argv.get(2).is_some_and(|a| a == sandbox)
-    })
-}
-
 fn v1_dir(controller: &str, rel: &str) -> std::path::PathBuf {
     // /sys/fs/cgroup/<controller> is the mount or a symlink to it (cpu -> cpu,cpuacct).
     std::path::Path::new("/sys/fs/cgroup").join(controller).join(rel.trim_start_matches('/'))
@@ -46,7 +39,7 @@ async fn the_holder_lives_in_the_pod_cgroup_and_stats_report_the_pod() -> Result
         ..Default::default()
     });
     let pod = cri.run_pod(&cfg, "corral").await?;
-    let holder = holder_of(&pod).context("holder")?;
+    let holder = probe::holder_of(&pod).context("holder")?;
     let sandbox_cg = format!("{parent}/{pod}");
     let cgroup = std::fs::read_to_string(format!("/proc/{holder}/cgroup"))?;
     assert!(cgroup.lines().any(|l| l.ends_with(&format!(":memory:{sandbox_cg}"))), "{cgroup}");
@@ -99,12 +92,8 @@ async fn the_holder_lives_in_the_pod_cgroup_and_stats_report_the_pod() -> Result
     assert!(pod_cpu >= cpu, "the pod cgroup includes the container: {pod_cpu} < {cpu}");
 
     // SandboxMetrics, as containerd 2.4 asks for it, straight over ttrpc.
-    let shim = probe::pids_with_cmdline(&pod)
-        .into_iter()
-        .find(|p| probe::cmdline(*p as u32).iter().any(|a| a == "serve"))
-        .context("shim")?;
-    let argv = probe::cmdline(shim as u32);
-    let socket = argv.windows(2).find(|w| w[0] == "-socket").map(|w| w[1].clone()).context("-socket")?;
+    let shim = probe::shim_of(&pod).context("shim")?;
+    let socket = probe::shim_socket(shim).context("-socket")?;
     let client = SandboxClient::new(ttrpc::asynchronous::Client::connect(&format!("unix://{socket}")).await?);
     let req = SandboxMetricsRequest { sandbox_id: pod.clone(), ..Default::default() };
     let resp = client.sandbox_metrics(ttrpc::context::with_timeout(5_000_000_000), &req).await?;

@@ -133,11 +133,8 @@ async fn concurrent_deletes_after_a_crash_release_everything() -> Result<()> {
     let (_, created_pid) = shim.run_container(&cid, holder, &["sleep", "1000"]).await?;
 
     // The shim dies; containerd then runs `delete` (and may run it again, or concurrently).
-    let server = probe::pids_with_cmdline(&id)
-        .into_iter()
-        .find(|p| probe::cmdline(*p as u32).iter().any(|a| a == "serve"))
-        .context("server")?;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server), nix::sys::signal::Signal::SIGKILL)?;
+    let server = probe::shim_of(&id).context("server")?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server as i32), nix::sys::signal::Signal::SIGKILL)?;
     let (a, b) = std::thread::scope(|s| {
         let one = s.spawn(|| shim.delete_command(&id, &shim.bundle));
         let two = s.spawn(|| shim.delete_command(&id, &shim.bundle));

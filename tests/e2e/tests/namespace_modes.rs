@@ -137,10 +137,7 @@ async fn the_holder_tries_to_be_the_last_oom_victim_and_a_refusal_does_not_fail_
     let mut cri = rig.cri().await?;
     let cfg = pod_config("oom-adj", &log_dir(&rig.dir, "oom-adj"));
     let pod = cri.run_pod(&cfg, "corral").await?;
-    let holder = probe::pids_with_cmdline(&pod)
-        .into_iter()
-        .find(|p| probe::cmdline(*p as u32).iter().any(|a| a == "holder"))
-        .context("holder")?;
+    let holder = probe::holder_of(&pod).context("holder")?;
     let adj: i32 = std::fs::read_to_string(format!("/proc/{holder}/oom_score_adj"))?.trim().parse()?;
     // Where the host allows it, -998 (as the pause container); root without CAP_SYS_RESOURCE
     // (this machine) keeps the inherited value, and the pod is READY either way.

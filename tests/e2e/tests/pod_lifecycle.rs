@@ -9,14 +9,6 @@ use corral_rig::{eventually, probe, Options, Rig, PAUSE};
 
 const HANDLER: &str = "corral";
 
-/// The host pid of the holder for `sandbox`: the process whose argv is `... holder <sandbox>`.
-fn holder_pid(sandbox: &str) -> Option<u32> {
-    probe::all_pids().into_iter().find(|pid| {
-        let argv = probe::cmdline(*pid);
-        argv.len() >= 3 && argv[argv.len() - 2] == "holder" && argv[argv.len() - 1] == sandbox
-    })
-}
-
 /// The container's init as the kernel sees it: the process in the container's cgroup whose
 /// parent is not.
 fn init_pid(cid: &str) -> Result<u32> {
@@ -47,7 +39,7 @@ async fn a_pod_with_two_containers_shares_the_pod_namespaces_and_leaves_nothing(
     let pod_cfg = pod_config("twins", &logs);
     let pod = cri.run_pod(&pod_cfg, HANDLER).await?;
     assert!(cri.pod_ready(&pod).await?, "pod is READY after RunPodSandbox");
-    let holder = holder_pid(&pod).context("a holder process for the pod")?;
+    let holder = probe::holder_of(&pod).context("a holder process for the pod")?;
 
     let script =
         "echo hello-from-one; echo host=$(hostname); echo file=$(cat /etc/hostname); exec sleep 1000";
@@ -83,15 +75,9 @@ async fn a_pod_with_two_containers_shares_the_pod_namespaces_and_leaves_nothing(
         .filter(|p| probe::cmdline(*p as u32).first().is_some_and(|a| a.contains("containerd-shim-runc")))
         .collect();
     assert!(runc_shims.is_empty(), "containerd-shim-runc-v2 running: {runc_shims:?}");
-    let shims = probe::pids_with_cmdline(&pod);
-    assert!(!shims.is_empty(), "the corral shim runs with the sandbox id");
+    let shim = probe::shim_of(&pod).context("the corral shim runs with the sandbox id")?;
 
-    let shim = *shims.first().context("shim")?;
-    let socket = probe::cmdline(shim as u32)
-        .windows(2)
-        .find(|w| w[0] == "-socket")
-        .map(|w| w[1].clone())
-        .context("-socket argument")?;
+    let socket = probe::shim_socket(shim).context("-socket argument")?;
 
     // The shim's socket is root's alone.
     use std::os::unix::fs::PermissionsExt;
@@ -100,10 +86,10 @@ async fn a_pod_with_two_containers_shares_the_pod_namespaces_and_leaves_nothing(
 
     cri.stop_pod(&pod).await?;
     assert!(!cri.pod_ready(&pod).await?, "NOTREADY after StopPodSandbox");
-    assert!(holder_pid(&pod).is_none(), "StopPodSandbox ends the holder");
+    assert!(probe::holder_of(&pod).is_none(), "StopPodSandbox ends the holder");
     cri.remove_pod(&pod).await?;
 
-    assert!(holder_pid(&pod).is_none(), "holder gone");
+    assert!(probe::holder_of(&pod).is_none(), "holder gone");
     eventually(Duration::from_secs(3), || {
         let left = probe::pids_with_cmdline(&pod);
         (!left.is_empty()).then(|| {

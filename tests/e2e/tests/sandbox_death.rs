@@ -10,12 +10,6 @@ use corral_rig::{eventually, probe, Options, Rig};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-fn holder_of(sandbox: &str) -> Option<i32> {
-    probe::pids_with_cmdline(sandbox)
-        .into_iter()
-        .find(|p| probe::cmdline(*p as u32).get(1).is_some_and(|a| a == "holder"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_holder_ends_the_pod_and_kubelet_recreates_it() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
@@ -24,7 +18,7 @@ async fn a_killed_holder_ends_the_pod_and_kubelet_recreates_it() -> Result<()> {
     let old = cri.run_pod(&cfg, "corral").await?;
     let c = cri.run_container(&old, &cfg, &container_config("app", "exec sleep 1000")).await?;
 
-    kill(Pid::from_raw(holder_of(&old).context("holder")?), Signal::SIGKILL)?;
+    kill(Pid::from_raw(probe::holder_of(&old).context("holder")? as i32), Signal::SIGKILL)?;
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while cri.pod_ready(&old).await? {
         assert!(std::time::Instant::now() < deadline, "pod still READY after its holder died");

@@ -17,21 +17,11 @@ async fn a_killed_shim_is_cleaned_up_by_delete_and_the_pod_goes_notready() -> Re
     let pod = cri.run_pod(&cfg, "corral").await?;
     let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
     let init = cri.container_pid(&c).await?;
-    let of_pod = |role: &str| -> Vec<i32> {
-        probe::pids_with_cmdline(&pod)
-            .into_iter()
-            .filter(|p| probe::cmdline(*p as u32).iter().any(|a| a == role))
-            .collect()
-    };
-    let shim = *of_pod("serve").first().context("shim server")?;
-    let socket = probe::cmdline(shim as u32)
-        .windows(2)
-        .find(|w| w[0] == "-socket")
-        .map(|w| w[1].clone())
-        .context("-socket argument")?;
-    assert!(!of_pod("holder").is_empty());
+    let shim = probe::shim_of(&pod).context("shim server")?;
+    let socket = probe::shim_socket(shim).context("-socket argument")?;
+    assert!(probe::holder_of(&pod).is_some());
 
-    kill(Pid::from_raw(shim), Signal::SIGKILL)?;
+    kill(Pid::from_raw(shim as i32), Signal::SIGKILL)?;
 
     // CRI learns it through the broken WaitSandbox and reports the pod NOTREADY within 1 s.
     let deadline = std::time::Instant::now() + Duration::from_secs(1);
@@ -42,9 +32,9 @@ async fn a_killed_shim_is_cleaned_up_by_delete_and_the_pod_goes_notready() -> Re
     }
     // containerd's `delete` killed the holder and the container, and removed the socket.
     eventually(Duration::from_secs(5), || {
-        let holder = of_pod("holder");
+        let holder = probe::holder_of(&pod);
         let alive = std::path::Path::new(&format!("/proc/{init}")).exists();
-        (!holder.is_empty() || alive || std::path::Path::new(&socket).exists())
+        (holder.is_some() || alive || std::path::Path::new(&socket).exists())
             .then(|| format!("holder {holder:?}, container alive {alive}, socket exists"))
     })
     .await?;

@@ -29,10 +29,7 @@ async fn a_pod_user_namespace_owns_the_pod_namespaces() -> Result<()> {
     pod_ns(&mut cfg).userns_options =
         Some(UserNamespace { mode: NamespaceMode::Pod as i32, uids: map(), gids: map() });
     let pod = cri.run_pod(&cfg, "corral").await?;
-    let holder = probe::pids_with_cmdline(&pod)
-        .into_iter()
-        .find(|p| probe::cmdline(*p as u32).iter().any(|a| a == "holder"))
-        .context("holder")?;
+    let holder = probe::holder_of(&pod).context("holder")?;
 
     let user = std::fs::metadata(format!("/proc/{holder}/ns/user"))?.ino();
     assert_ne!(user, std::fs::metadata("/proc/self/ns/user")?.ino(), "not the node's user namespace");

@@ -11,6 +11,11 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::*;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+/// A CRI error as "<RPC>: <containerd's message>".
+fn failed(rpc: &'static str) -> impl Fn(tonic::Status) -> anyhow::Error {
+    move |s| anyhow!("{rpc}: {}", s.message())
+}
+
 #[derive(Clone)]
 pub struct Cri {
     pub runtime: RuntimeServiceClient<Channel>,
@@ -54,7 +59,7 @@ impl Cri {
                 runtime_handler: handler.into(),
             })
             .await
-            .map_err(|s| anyhow!("RunPodSandbox: {}", s.message()))?;
+            .map_err(failed("RunPodSandbox"))?;
         Ok(resp.into_inner().pod_sandbox_id)
     }
 
@@ -63,7 +68,7 @@ impl Cri {
             .runtime
             .pod_sandbox_status(PodSandboxStatusRequest { pod_sandbox_id: id.into(), verbose: true })
             .await
-            .map_err(|s| anyhow!("PodSandboxStatus: {}", s.message()))?
+            .map_err(failed("PodSandboxStatus"))?
             .into_inner())
     }
 
@@ -87,13 +92,13 @@ impl Cri {
                 sandbox_config: Some(pod_config.clone()),
             })
             .await
-            .map_err(|s| anyhow!("CreateContainer: {}", s.message()))?
+            .map_err(failed("CreateContainer"))?
             .into_inner()
             .container_id;
         self.runtime
             .start_container(StartContainerRequest { container_id: id.clone() })
             .await
-            .map_err(|s| anyhow!("StartContainer: {}", s.message()))?;
+            .map_err(failed("StartContainer"))?;
         Ok(id)
     }
 
@@ -102,7 +107,7 @@ impl Cri {
             .runtime
             .container_status(ContainerStatusRequest { container_id: id.into(), verbose: true })
             .await
-            .map_err(|s| anyhow!("ContainerStatus: {}", s.message()))?
+            .map_err(failed("ContainerStatus"))?
             .into_inner())
     }
 
@@ -152,7 +157,7 @@ impl Cri {
         self.runtime
             .stop_container(StopContainerRequest { container_id: id.into(), timeout: 2 })
             .await
-            .map_err(|s| anyhow!("StopContainer: {}", s.message()))?;
+            .map_err(failed("StopContainer"))?;
         Ok(())
     }
 
@@ -160,7 +165,7 @@ impl Cri {
         self.runtime
             .remove_container(RemoveContainerRequest { container_id: id.into() })
             .await
-            .map_err(|s| anyhow!("RemoveContainer: {}", s.message()))?;
+            .map_err(failed("RemoveContainer"))?;
         Ok(())
     }
 
@@ -168,7 +173,7 @@ impl Cri {
         self.runtime
             .stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: id.into() })
             .await
-            .map_err(|s| anyhow!("StopPodSandbox: {}", s.message()))?;
+            .map_err(failed("StopPodSandbox"))?;
         Ok(())
     }
 
@@ -176,7 +181,7 @@ impl Cri {
         self.runtime
             .remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id.into() })
             .await
-            .map_err(|s| anyhow!("RemovePodSandbox: {}", s.message()))?;
+            .map_err(failed("RemovePodSandbox"))?;
         Ok(())
     }
 

@@ -76,3 +76,24 @@ pub fn corral_runc_containers_in(namespace: &str) -> Vec<String> {
         Err(_) => Vec::new(),
     }
 }
+
+/// The holder of `sandbox`: argv `corral-holder holder <sandbox>`.
+pub fn holder_of(sandbox: &str) -> Option<u32> {
+    all_pids().into_iter().find(|p| {
+        let argv = cmdline(*p);
+        argv.get(1).is_some_and(|a| a == "holder") && argv.get(2).is_some_and(|a| a == sandbox)
+    })
+}
+
+/// The shim server of `sandbox`: argv `... -id <sandbox> ... serve`.
+pub fn shim_of(sandbox: &str) -> Option<u32> {
+    pids_with_cmdline(sandbox)
+        .into_iter()
+        .map(|p| p as u32)
+        .find(|p| cmdline(*p).last().is_some_and(|a| a == "serve"))
+}
+
+/// The socket a shim server listens on (its `-socket` argument).
+pub fn shim_socket(shim: u32) -> Option<String> {
+    cmdline(shim).windows(2).find(|w| w[0] == "-socket").map(|w| w[1].clone())
+}

@@ -146,8 +146,8 @@ pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpe
 
     let mut sysctls = sysctl::resolve(&linux.sysctls, network, ipc, user_namespace)?;
     if !crate::config::get().pod.default_sysctls {
-        // Only what the pod asked for (keys normalised as `resolve` does).
-        let asked: Vec<String> = linux.sysctls.keys().map(|k| k.replace('/', ".")).collect();
+        // Only what the pod asked for.
+        let asked: Vec<String> = linux.sysctls.keys().map(|k| sysctl::normalize(k)).collect();
         sysctls.retain(|k, _| asked.contains(k));
     }
     if !linux.cgroup_parent.is_empty() {

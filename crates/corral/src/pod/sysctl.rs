@@ -55,7 +55,7 @@ pub fn resolve(
 }
 
 /// `net/ipv4/ip_forward` and `net.ipv4.ip_forward` name the same key.
-fn normalize(key: &str) -> String {
+pub fn normalize(key: &str) -> String {
     key.replace('/', ".")
 }
 

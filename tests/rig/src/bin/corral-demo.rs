@@ -55,14 +55,8 @@ async fn main() -> Result<()> {
     let line = wait_for_text(&logs.join("web.log"), "hello", Duration::from_secs(10)).await?;
     println!("web's CRI log: {}", line.trim());
 
-    let shim = probe::pids_with_cmdline(&pod)
-        .into_iter()
-        .find(|p| probe::cmdline(*p as u32).iter().any(|a| a == "serve"))
-        .context("shim process")? as u32;
-    let holder = probe::pids_with_cmdline(&pod)
-        .into_iter()
-        .find(|p| probe::cmdline(*p as u32).iter().any(|a| a == "holder"))
-        .context("holder process")? as u32;
+    let shim = probe::shim_of(&pod).context("shim process")?;
+    let holder = probe::holder_of(&pod).context("holder process")?;
     println!(
         "\n{:<12} {:>7} {:>8} {:>11} {:>11} {:>11} {:>11}  command",
         "role", "pid", "rss KiB", "net", "ipc", "uts", "pid ns"
