@@ -153,6 +153,34 @@ impl Cri {
         ))
     }
 
+    /// Exec: the streaming URL for `cmd`, with a terminal or not; stdout always, stdin and stderr
+    /// as asked (a terminal has no stderr).
+    pub async fn exec(&mut self, id: &str, cmd: &[&str], tty: bool, stdin: bool) -> Result<String> {
+        let resp = self
+            .runtime
+            .exec(ExecRequest {
+                container_id: id.into(),
+                cmd: cmd.iter().map(|s| s.to_string()).collect(),
+                tty,
+                stdin,
+                stdout: true,
+                stderr: !tty,
+            })
+            .await
+            .map_err(failed("Exec"))?;
+        Ok(resp.into_inner().url)
+    }
+
+    /// Attach: the streaming URL for the container's own stdio.
+    pub async fn attach(&mut self, id: &str, tty: bool) -> Result<String> {
+        let resp = self
+            .runtime
+            .attach(AttachRequest { container_id: id.into(), stdin: true, tty, stdout: true, stderr: !tty })
+            .await
+            .map_err(failed("Attach"))?;
+        Ok(resp.into_inner().url)
+    }
+
     pub async fn stop_container(&mut self, id: &str) -> Result<()> {
         self.runtime
             .stop_container(StopContainerRequest { container_id: id.into(), timeout: 2 })

@@ -6,10 +6,12 @@
 //! - [`Rig`]: start / stop containerd, import the locally built busybox image.
 //! - [`cri`]: a CRI client over the unix socket, and kubelet-like config builders.
 //! - [`probe`]: facts read from /proc and the mount table, never from corral's own answers.
+//! - [`stream`]: CRI's streaming (Exec, Attach) as kubectl speaks it.
 
 pub mod cri;
 pub mod direct;
 pub mod probe;
+pub mod stream;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

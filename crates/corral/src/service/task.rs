@@ -18,19 +18,38 @@ use super::{traced, Shim};
 use crate::error::{Error, Result};
 use crate::events::{timestamp, Event, Publisher};
 use crate::pod::{Pod, PodState};
+use crate::task::runc::Runc;
 use crate::task::{Container, Process, Status};
+use containerd_shim_protos::protobuf::well_known_types::any::Any;
 
 pub struct TaskService {
     pub shim: Arc<Shim>,
 }
 
-/// Publishes the process's exit once it happens.
-fn watch_exit(events: Publisher, container_id: String, process: Arc<Process>) {
+/// Publishes the init's exit once it happens (after the container's leftovers are killed).
+fn watch_init_exit(events: Publisher, runc: Runc, c: Arc<Container>) {
     tokio::spawn(async move {
-        let exit = process.watch_exit().await;
-        tracing::debug!(container = %container_id, process = %process.id, status = exit.status, "process exited");
+        let exit = c.wait_init_exit(&runc).await;
+        tracing::debug!(container = %c.id, status = exit.status, "init exited");
+        events.publish(Event::exit(&c.id, &c.id, c.init.pid(), exit.status, exit.at));
+    });
+}
+
+/// Publishes an exec's exit once it happens.
+fn watch_exec_exit(events: Publisher, container_id: String, process: Arc<Process>) {
+    tokio::spawn(async move {
+        let exit = process.mark_exited(process.observe_exit().await);
+        tracing::debug!(container = %container_id, exec = %process.id, status = exit.status, "exec exited");
         events.publish(Event::exit(&container_id, &process.id, process.pid(), exit.status, exit.at));
     });
+}
+
+/// `containerd.runc.v1.ProcessDetails`: what Pids says of a pid that is an exec, as containerd's
+/// runc shim does (`ctr tasks ps` shows it).
+#[derive(Clone, PartialEq, prost::Message)]
+struct ProcessDetails {
+    #[prost(string, tag = "1")]
+    exec_id: String,
 }
 
 /// Publishes `/tasks/oom` for each OOM kill in the container's cgroup while its init lives.
@@ -108,7 +127,7 @@ impl TaskService {
             let _ = c.force_delete(&self.shim.runc).await;
             return Err(e);
         }
-        watch_exit(self.shim.events.clone(), c.id.clone(), c.init.clone());
+        watch_init_exit(self.shim.events.clone(), self.shim.runc.clone(), c.clone());
         watch_oom(self.shim.events.clone(), &c);
         let pid = c.init.pid();
         self.shim.events.publish(Event::create(&c.id, &req.bundle, pid));
@@ -124,7 +143,7 @@ impl TaskService {
             c.init.pid()
         } else {
             let process = c.start_exec(&self.shim.runc, &req.exec_id).await?;
-            watch_exit(self.shim.events.clone(), c.id.clone(), process.clone());
+            watch_exec_exit(self.shim.events.clone(), c.id.clone(), process.clone());
             self.shim.events.publish(Event::exec_started(&c.id, &req.exec_id, process.pid()));
             process.pid()
         };
@@ -192,7 +211,18 @@ impl TaskService {
             Some(_) => Vec::new(),
             None => self.shim.runc.ps(&c.id).await?,
         };
-        let processes = pids.into_iter().map(|pid| ProcessInfo { pid, ..Default::default() }).collect();
+        let execs = c.exec_pids();
+        let processes = pids
+            .into_iter()
+            .map(|pid| {
+                let info = execs.iter().find(|(p, _)| *p == pid).map(|(_, exec_id)| Any {
+                    type_url: "containerd.runc.v1.ProcessDetails".into(),
+                    value: prost::Message::encode_to_vec(&ProcessDetails { exec_id: exec_id.clone() }),
+                    ..Default::default()
+                });
+                ProcessInfo { pid, info: info.into(), ..Default::default() }
+            })
+            .collect();
         Ok(PidsResponse { processes, ..Default::default() })
     }
 
@@ -282,8 +312,9 @@ impl Task for TaskService {
 
     async fn resize_pty(&self, _: &TtrpcContext, req: ResizePtyRequest) -> ttrpc::Result<Empty> {
         traced("ResizePty", &req.id, async {
-            self.container(&req.id)?;
-            Err::<Empty, _>(Error::Unimplemented("ResizePty: tty is not implemented yet".into()))
+            let (_, c) = self.container(&req.id)?;
+            c.process(&req.exec_id)?.resize(req.width, req.height)?;
+            Ok(Empty::new())
         })
         .await
     }

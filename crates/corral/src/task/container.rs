@@ -10,10 +10,12 @@ use std::sync::{Arc, Mutex};
 use containerd_shim_protos::api::{CreateTaskRequest, ExecProcessRequest};
 use serde_json::Value;
 
-use super::process::{ExitInfo, Process, Status, Stdio};
+use super::process::{ExitInfo, Process, Status};
 use crate::error::{Error, IoContext, Result};
+use crate::task::console::{Console, ConsoleSocket};
 use crate::task::oci::{self, PodContext};
-use crate::task::{rootfs, runc::Runc, stdio};
+use crate::task::runc::{CreateIo, Runc};
+use crate::task::{rootfs, stdio, Stdio};
 
 /// The type URL containerd gives an exec's OCI process spec.
 const PROCESS_SPEC_TYPE: &str = "types.containerd.io/opencontainers/runtime-spec/1/Process";
@@ -26,6 +28,11 @@ pub struct Container {
     pub cgroup: Option<String>,
     /// Frozen by Task.Pause.
     paused: std::sync::atomic::AtomicBool,
+    /// The containerd namespace, told to logging programs.
+    namespace: String,
+    /// Its processes share a pid namespace, so its init's exit does not end them (see
+    /// [`Container::wait_init_exit`]).
+    kill_all_on_exit: bool,
     execs: Mutex<HashMap<String, Exec>>,
 }
 
@@ -47,10 +54,34 @@ pub fn validate_id(field: &str, id: &str) -> Result<()> {
     }
 }
 
-fn check_stdio(terminal: bool) -> Result<()> {
-    if terminal {
-        return Err(Error::Unimplemented("terminal: tty processes are not supported yet".into()));
+/// The request's `terminal` must agree with the spec's, which is what runc acts on.
+fn check_terminal(field: &str, terminal: bool, process: Option<&Value>) -> Result<()> {
+    let in_spec = process.is_some_and(oci::wants_terminal);
+    if terminal != in_spec {
+        return Err(Error::invalid(format!(
+            "terminal: the request says {terminal} but {field}.terminal says {in_spec}"
+        )));
     }
+    Ok(())
+}
+
+/// Runs `run` (runc create or exec) with the process's stdio, then keeps what the process's
+/// stdio needs while it lives: FIFO readers, the stdin copy, its terminal, its logging program.
+async fn run_with_stdio<F>(process: &Process, namespace: &str, run: F) -> Result<()>
+where
+    F: AsyncFnOnce(CreateIo) -> Result<()>,
+{
+    if !process.stdio.terminal {
+        let (io, kept) = stdio::open(&process.stdio, &process.id, namespace).await?;
+        process.keep_io(kept);
+        return run(io).await;
+    }
+    let socket = ConsoleSocket::bind()?;
+    let (console_io, mut kept) = stdio::open_for_console(&process.stdio, &process.id, namespace).await?;
+    run(CreateIo::console(socket.path())).await?;
+    let master = socket.receive().await?;
+    kept.console = Some(Console::start(master, console_io.stdin, console_io.output)?);
+    process.keep_io(kept);
     Ok(())
 }
 
@@ -64,7 +95,6 @@ impl Container {
         pod: &PodContext,
     ) -> Result<Container> {
         validate_id("id", &req.id)?;
-        check_stdio(req.terminal)?;
         if !req.checkpoint.is_empty() {
             return Err(Error::Unimplemented(
                 "checkpoint: restoring from a checkpoint is not supported".into(),
@@ -76,22 +106,21 @@ impl Container {
         let raw = std::fs::read(&config_path).with_path("read", &config_path)?;
         let mut spec: Value = serde_json::from_slice(&raw)
             .map_err(|e| Error::invalid(format!("{}: not JSON: {e}", config_path.display())))?;
+        check_terminal("config.json process", req.terminal, spec.get("process"))?;
         oci::rewrite(&mut spec, pod)?;
+        let kill_all_on_exit = oci::shares_pid_namespace(&spec);
         let cgroup = match spec.pointer("/linux/cgroupsPath").and_then(Value::as_str) {
             Some(p) if !p.is_empty() => Some(crate::cgroups::path::resolve_container(p)?),
             _ => None,
         };
-        let (io, kept) = stdio::open(&req.stdin, &req.stdout, &req.stderr)?;
-        let init = Arc::new(Process::new(
-            &req.id,
-            Stdio {
-                stdin: req.stdin.clone(),
-                stdout: req.stdout.clone(),
-                stderr: req.stderr.clone(),
-                terminal: req.terminal,
-            },
-        ));
-        init.keep_io(kept);
+        let stdio = Stdio {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal: req.terminal,
+        };
+        stdio.validate()?;
+        let init = Arc::new(Process::new(&req.id, stdio));
 
         let rootfs_dir = bundle.join("rootfs");
         if !req.rootfs.is_empty() {
@@ -101,11 +130,13 @@ impl Container {
             let data = serde_json::to_vec(&spec).expect("a JSON value serializes");
             std::fs::write(&config_path, data).with_path("write", &config_path)?;
             let pid_file = bundle.join("init.pid");
-            runc.create(&req.id, &bundle, &pid_file, io).await?;
+            run_with_stdio(&init, namespace, async |io| runc.create(&req.id, &bundle, &pid_file, io).await)
+                .await?;
             init.attach(read_pid(&pid_file)?)
         }
         .await;
         if let Err(e) = created {
+            init.release_io();
             let _ = runc.delete(&req.id).await;
             let _ = rootfs::unmount_rootfs(&rootfs_dir);
             return Err(e);
@@ -116,6 +147,8 @@ impl Container {
             init,
             cgroup,
             paused: Default::default(),
+            namespace: namespace.to_string(),
+            kill_all_on_exit,
             execs: Mutex::new(HashMap::new()),
         })
     }
@@ -133,6 +166,19 @@ impl Container {
         runc.start(&self.id, || self.init.exit().is_none()).await?;
         self.init.set_running();
         Ok(())
+    }
+
+    /// Waits for the init's exit and records it. In a shared pid namespace the container's other
+    /// processes are killed first, as containerd's runc shim does: no pid namespace teardown will
+    /// end them, and the container is only over when they are gone.
+    pub async fn wait_init_exit(&self, runc: &Runc) -> ExitInfo {
+        let status = self.init.observe_exit().await;
+        if self.kill_all_on_exit {
+            if let Err(e) = runc.kill(&self.id, nix::sys::signal::Signal::SIGKILL as u32, true).await {
+                tracing::debug!(container = %self.id, error = %e, "kill the processes left after the init");
+            }
+        }
+        self.init.mark_exited(status)
     }
 
     /// The init or one exec.
@@ -202,7 +248,6 @@ impl Container {
     /// Registers an exec (Task.Exec); it runs on Start.
     pub fn add_exec(&self, req: &ExecProcessRequest) -> Result<Arc<Process>> {
         validate_id("exec_id", &req.exec_id)?;
-        check_stdio(req.terminal)?;
         if self.init.status() != Status::Running || self.init.exit().is_some() {
             return Err(Error::precondition(format!("container {}: not running; cannot exec", self.id)));
         }
@@ -218,15 +263,15 @@ impl Container {
         if spec.get("args").and_then(Value::as_array).is_none_or(Vec::is_empty) {
             return Err(Error::invalid("spec.value: process.args is empty"));
         }
-        let process = Arc::new(Process::new(
-            &req.exec_id,
-            Stdio {
-                stdin: req.stdin.clone(),
-                stdout: req.stdout.clone(),
-                stderr: req.stderr.clone(),
-                terminal: req.terminal,
-            },
-        ));
+        check_terminal("spec.value", req.terminal, Some(&spec))?;
+        let stdio = Stdio {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal: req.terminal,
+        };
+        stdio.validate()?;
+        let process = Arc::new(Process::new(&req.exec_id, stdio));
         let mut execs = self.execs.lock().unwrap();
         if execs.contains_key(&req.exec_id) {
             return Err(Error::AlreadyExists(format!(
@@ -254,9 +299,10 @@ impl Container {
         let pid_file = self.bundle.join(format!("exec-{exec_id}.pid"));
         std::fs::write(&spec_file, serde_json::to_vec(&spec).expect("JSON serializes"))
             .with_path("write", &spec_file)?;
-        let (io, kept) = stdio::open(&process.stdio.stdin, &process.stdio.stdout, &process.stdio.stderr)?;
-        process.keep_io(kept);
-        let ran = runc.exec(&self.id, &self.bundle, &spec_file, &pid_file, io).await;
+        let ran = run_with_stdio(&process, &self.namespace, async |io| {
+            runc.exec(&self.id, &self.bundle, &spec_file, &pid_file, io).await
+        })
+        .await;
         let _ = std::fs::remove_file(&spec_file);
         match ran.and_then(|()| read_pid(&pid_file)).and_then(|pid| process.attach(pid)) {
             Ok(()) => {
@@ -266,10 +312,21 @@ impl Container {
             }
             Err(e) => {
                 // A failed start is an exited exec: waiters must not hang.
+                process.release_io();
                 process.mark_exited(255);
                 Err(e)
             }
         }
+    }
+
+    /// The host pids of the execs that run, with their ids.
+    pub fn exec_pids(&self) -> Vec<(u32, String)> {
+        let execs = self.execs.lock().unwrap();
+        execs
+            .iter()
+            .filter(|(_, e)| e.process.status() == Status::Running)
+            .map(|(id, e)| (e.process.pid(), id.clone()))
+            .collect()
     }
 
     /// Forgets an exited exec.

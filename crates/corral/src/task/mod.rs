@@ -1,6 +1,8 @@
 //! The pod's containers, run through the OCI runtime.
 
+pub mod console;
 pub mod container;
+pub mod logger;
 pub mod oci;
 pub mod process;
 pub mod rootfs;
@@ -9,3 +11,4 @@ pub mod stdio;
 
 pub use container::Container;
 pub use process::{ExitInfo, Process, Status};
+pub use stdio::Request as Stdio;

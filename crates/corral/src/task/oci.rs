@@ -87,6 +87,21 @@ pub fn rewrite(spec: &mut Value, pod: &PodContext) -> Result<()> {
     Ok(())
 }
 
+/// Whether the container's processes live in a pid namespace it does not own (the pod's, another
+/// container's, or the node's): then its init's exit does not end them.
+pub fn shares_pid_namespace(spec: &Value) -> bool {
+    let namespaces = spec.pointer("/linux/namespaces").and_then(Value::as_array);
+    match namespaces.and_then(|list| list.iter().find(|ns| ns["type"] == "pid")) {
+        None => true,
+        Some(ns) => ns.get("path").and_then(Value::as_str).is_some_and(|p| !p.is_empty()),
+    }
+}
+
+/// The `terminal` flag of the spec's process.
+pub fn wants_terminal(process: &Value) -> bool {
+    process.get("terminal").and_then(Value::as_bool).unwrap_or(false)
+}
+
 fn rewrite_namespace(ns: &mut Value, pod: &PodContext) -> std::result::Result<(), String> {
     let Some(path) = ns.get("path").and_then(Value::as_str) else {
         return Ok(());
@@ -244,6 +259,16 @@ mod tests {
         assert_eq!(ns_path(&spec, "network").as_deref(), Some("/b/rootfs/ns/net"));
         // No pin for pid: the holder's own path.
         assert_eq!(ns_path(&spec, "pid").as_deref(), Some("/proc/4242/ns/pid"));
+    }
+
+    #[test]
+    fn tells_a_shared_pid_namespace() {
+        let mut spec = cri_spec();
+        assert!(!shares_pid_namespace(&spec));
+        spec["linux"]["namespaces"][0] = json!({"type": "pid", "path": "/proc/777/ns/pid"});
+        assert!(shares_pid_namespace(&spec));
+        spec["linux"]["namespaces"].as_array_mut().unwrap().remove(0);
+        assert!(shares_pid_namespace(&spec), "no pid namespace: the node's");
     }
 
     #[test]

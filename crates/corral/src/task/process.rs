@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::error::{Error, IoContext, Result};
 use crate::sys::pidfd::PidFd;
+use crate::task::stdio::{Kept, Request as Stdio};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
@@ -27,15 +28,6 @@ pub struct ExitInfo {
     pub at: SystemTime,
 }
 
-/// The stdio a process was created with, as containerd named it.
-#[derive(Clone, Debug, Default)]
-pub struct Stdio {
-    pub stdin: String,
-    pub stdout: String,
-    pub stderr: String,
-    pub terminal: bool,
-}
-
 pub struct Process {
     /// The container id for an init, the exec id for an exec.
     pub id: String,
@@ -45,7 +37,7 @@ pub struct Process {
     exit: watch::Sender<Option<ExitInfo>>,
     pidfd: OnceLock<PidFd>,
     /// What corral holds for the process's stdio while it lives (see `task::stdio`).
-    kept_io: Mutex<crate::task::stdio::Kept>,
+    kept_io: Mutex<Kept>,
 }
 
 impl Process {
@@ -62,23 +54,26 @@ impl Process {
     }
 
     /// Holds the stdio resources until [`Process::release_io`].
-    pub fn keep_io(&self, kept: crate::task::stdio::Kept) {
+    pub fn keep_io(&self, kept: Kept) {
         *self.kept_io.lock().unwrap() = kept;
     }
 
     /// Gives the process the end of its stdin (CloseIO).
     pub fn close_stdin(&self) {
-        if let Some(copy) = self.kept_io.lock().unwrap().stdin.take() {
-            copy.abort();
+        self.kept_io.lock().unwrap().close_stdin();
+    }
+
+    /// Sets the size of the process's terminal (ResizePty).
+    pub fn resize(&self, width: u32, height: u32) -> Result<()> {
+        match &self.kept_io.lock().unwrap().console {
+            Some(console) => console.resize(width, height),
+            None => Err(Error::precondition(format!("{}: the process has no terminal", self.id))),
         }
     }
 
     /// Releases the stdio resources (the process was deleted).
     pub fn release_io(&self) {
-        let kept = std::mem::take(&mut *self.kept_io.lock().unwrap());
-        if let Some(copy) = kept.stdin {
-            copy.abort();
-        }
+        drop(std::mem::take(&mut *self.kept_io.lock().unwrap()));
     }
 
     /// Records the process runc created, and starts watching it.
@@ -109,13 +104,13 @@ impl Process {
         *self.exit.borrow()
     }
 
-    /// Waits for the exit through the pidfd and records it. Run once per process, in its own task.
-    pub async fn watch_exit(&self) -> ExitInfo {
-        let status = match self.pidfd.get() {
+    /// Waits for the exit through the pidfd and returns its status, without recording it. Run
+    /// once per process, in its own task; then [`Process::mark_exited`].
+    pub async fn observe_exit(&self) -> u32 {
+        match self.pidfd.get() {
             Some(pidfd) => pidfd.wait().await,
             None => 255,
-        };
-        self.mark_exited(status)
+        }
     }
 
     /// Records an exit (also for a process that never started).

@@ -32,6 +32,20 @@ pub struct CreateIo {
     pub stdin: Stdio,
     pub stdout: Stdio,
     pub stderr: Stdio,
+    /// For a tty process: where runc sends the terminal's master (the streams are then unused).
+    pub console_socket: Option<PathBuf>,
+}
+
+impl CreateIo {
+    /// A tty process: runc hands its terminal to `socket`.
+    pub fn console(socket: &Path) -> CreateIo {
+        CreateIo {
+            stdin: Stdio::null(),
+            stdout: Stdio::null(),
+            stderr: Stdio::null(),
+            console_socket: Some(socket.to_path_buf()),
+        }
+    }
 }
 
 impl Runc {
@@ -54,6 +68,7 @@ impl Runc {
     /// `runc create`: the container's init waits on runc's exec FIFO until `start`.
     pub async fn create(&self, id: &str, bundle: &Path, pid_file: &Path, io: CreateIo) -> Result<()> {
         let mut args = vec!["create".into(), "--bundle".into(), bundle.display().to_string()];
+        args.extend(console_args(&io));
         args.extend(["--pid-file".into(), pid_file.display().to_string(), id.into()]);
         self.with_container_stdio("create", id, bundle, &args, io).await
     }
@@ -69,6 +84,7 @@ impl Runc {
     ) -> Result<()> {
         let mut args =
             vec!["exec".into(), "--detach".into(), "--process".into(), process_json.display().to_string()];
+        args.extend(console_args(&io));
         args.extend(["--pid-file".into(), pid_file.display().to_string(), id.into()]);
         self.with_container_stdio("exec", id, bundle, &args, io).await
     }
@@ -195,6 +211,13 @@ impl Runc {
         }
         let message = last_error_in(&String::from_utf8_lossy(&out.stderr));
         Err(Error::Runtime { op, id: id.into(), message })
+    }
+}
+
+fn console_args(io: &CreateIo) -> Vec<String> {
+    match &io.console_socket {
+        Some(socket) => vec!["--console-socket".into(), socket.display().to_string()],
+        None => Vec::new(),
     }
 }
 

@@ -1,5 +1,5 @@
 //! A process's stdio, from the URIs containerd sends: FIFO paths (CRI; `fifo://` too), `file://`
-//! paths (ctr/nerdctl logs), or nothing.
+//! paths and `binary://` logging programs (ctr/nerdctl), or nothing.
 //!
 //! Output FIFOs are handed straight to the process: no copy loop runs in corral. They are opened
 //! write-only once containerd's reader is there (CRI opens it before Task.Create), so the reader
@@ -8,18 +8,24 @@
 //! process blocks on a full pipe instead of dying of SIGPIPE, and containerd reads what was written
 //! once it is back.
 //!
-//! stdin is the one copy: containerd's FIFO is copied into a pipe the process reads, so that
-//! CloseIO can give the process its end of file whenever containerd asks.
+//! stdin is copied: containerd's FIFO into a pipe the process reads (or into its terminal), so
+//! that CloseIO can give the process its end of file whenever containerd asks.
+//!
+//! A tty process has one output stream, pumped from its terminal by [`super::console`]; this
+//! module gives that pump its destination with [`open_for_console`].
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::oneshot;
 
 use crate::error::{Error, IoContext, Result};
+use crate::task::console::Console;
+use crate::task::logger::{Logger, LoggerSpec};
 use crate::task::runc::CreateIo;
 
 /// Where one stream goes.
@@ -28,6 +34,7 @@ pub enum Target {
     Null,
     Fifo(PathBuf),
     File(PathBuf),
+    Binary(LoggerSpec),
 }
 
 /// Parses a stdio URI; `field` names it in errors.
@@ -35,19 +42,52 @@ pub fn target(field: &str, uri: &str) -> Result<Target> {
     if uri.is_empty() {
         return Ok(Target::Null);
     }
-    let (scheme, path) = match uri.split_once("://") {
-        Some((scheme, path)) => (scheme, path),
+    let (scheme, rest) = match uri.split_once("://") {
+        Some((scheme, rest)) => (scheme, rest),
         None => ("fifo", uri),
     };
-    let path = PathBuf::from(path);
+    if scheme == "binary" {
+        if field == "stdin" {
+            return Err(Error::invalid(format!("{field}: binary:// is for output streams")));
+        }
+        return LoggerSpec::parse(field, rest).map(Target::Binary);
+    }
+    if !matches!(scheme, "fifo" | "file") {
+        return Err(Error::invalid(format!(
+            "{field}: unknown stdio scheme {scheme}:// (fifo, file, binary)"
+        )));
+    }
+    let path = PathBuf::from(rest);
     if !path.is_absolute() {
         return Err(Error::invalid(format!("{field}: {uri:?} is not an absolute path")));
     }
     match scheme {
-        "fifo" => Ok(Target::Fifo(path)),
-        "file" if field != "stdin" => Ok(Target::File(path)),
-        "file" => Err(Error::invalid(format!("{field}: file:// is for output streams"))),
-        other => Err(Error::Unimplemented(format!("{field}: {other}:// stdio is not supported yet"))),
+        "file" if field == "stdin" => Err(Error::invalid(format!("{field}: file:// is for output streams"))),
+        "file" => Ok(Target::File(path)),
+        _ => Ok(Target::Fifo(path)),
+    }
+}
+
+/// The stdio a process was created with, as containerd named it.
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    pub stdin: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub terminal: bool,
+}
+
+impl Request {
+    /// Checks every URI up front, so a bad one is refused before anything runs.
+    pub fn validate(&self) -> Result<()> {
+        target("stdin", &self.stdin)?;
+        let stdout = target("stdout", &self.stdout)?;
+        let stderr = target("stderr", &self.stderr)?;
+        // A logging program takes both streams, as containerd's shims do.
+        if matches!(stdout, Target::Binary(_)) && !(stderr == Target::Null || stderr == stdout) {
+            return Err(Error::invalid("stderr: must be empty or the same binary:// URI as stdout"));
+        }
+        Ok(())
     }
 }
 
@@ -56,75 +96,191 @@ pub fn target(field: &str, uri: &str) -> Result<Target> {
 pub struct Kept {
     /// Readers on output FIFOs (see the module doc).
     pub readers: Vec<File>,
-    /// The stdin copy; aborting it closes the process's stdin.
-    pub stdin: Option<tokio::task::AbortHandle>,
+    pub stdin: Option<StdinHandle>,
+    pub console: Option<Console>,
+    pub logger: Option<Logger>,
 }
 
-/// Opens the three streams of a Create or Exec request.
-pub fn open(stdin: &str, stdout: &str, stderr: &str) -> Result<(CreateIo, Kept)> {
-    let mut kept = Kept::default();
-    let mut outputs = Vec::new();
-    for (field, uri) in [("stdout", stdout), ("stderr", stderr)] {
-        outputs.push(match target(field, uri)? {
-            Target::Null => Stdio::null(),
-            Target::File(path) => {
-                if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir).with_path(&format!("create {field} directory"), dir)?;
-                }
-                let file = OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .mode(0o640)
-                    .open(&path)
-                    .with_path(&format!("open {field}"), &path)?;
-                Stdio::from(file)
+impl Kept {
+    /// CloseIO: the process gets its end of input once what containerd wrote is delivered.
+    pub fn close_stdin(&mut self) {
+        if let Some(stdin) = &mut self.stdin {
+            if let Some(close) = stdin.close.take() {
+                let _ = close.send(());
             }
-            Target::Fifo(path) => {
-                let reader = OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NONBLOCK)
-                    .open(&path)
-                    .with_path(&format!("open {field} for keeping"), &path)?;
-                kept.readers.push(reader);
-                // Never blocks or fails for want of a reader: corral holds one.
-                let file = OpenOptions::new()
-                    .write(true)
-                    .custom_flags(libc::O_NONBLOCK)
-                    .open(&path)
-                    .and_then(blocking)
-                    .with_path(&format!("open {field}"), &path)?;
-                Stdio::from(file)
-            }
-        });
-    }
-    let stdin = match target("stdin", stdin)? {
-        Target::Fifo(path) => {
-            let (read, task) = copy_stdin(&path)?;
-            kept.stdin = Some(task);
-            Stdio::from(read)
         }
-        _ => Stdio::null(),
-    };
-    let stderr = outputs.pop().expect("two outputs");
-    let stdout = outputs.pop().expect("two outputs");
-    Ok((CreateIo { stdin, stdout, stderr }, kept))
+    }
+
+    /// The process is deleted: stop copying, hang its terminal up, let its logger finish.
+    pub fn release(self) {
+        if let Some(task) = self.stdin.and_then(|s| s.task) {
+            task.abort();
+        }
+        if let Some(console) = self.console {
+            console.close();
+        }
+        if let Some(logger) = self.logger {
+            logger.stop();
+        }
+    }
 }
 
-/// A pipe for the process's stdin, fed from containerd's FIFO by a task.
-fn copy_stdin(fifo: &Path) -> Result<(OwnedFd, tokio::task::AbortHandle)> {
+/// Controls a running stdin copy.
+pub struct StdinHandle {
+    close: Option<oneshot::Sender<()>>,
+    /// Set when the copy runs in its own task (not inside a console pump).
+    task: Option<tokio::task::AbortHandle>,
+}
+
+/// containerd's stdin FIFO, to be copied to the process until CloseIO.
+pub struct StdinCopy {
+    source: tokio::net::unix::pipe::Receiver,
+    close: oneshot::Receiver<()>,
+}
+
+impl StdinCopy {
+    /// Copies until CloseIO, then delivers what containerd wrote before it and returns (the
+    /// caller then closes the sink: the process's end of file).
+    pub async fn run(mut self, mut sink: impl AsyncWrite + Unpin) {
+        let mut buf = vec![0u8; 8192];
+        loop {
+            tokio::select! {
+                biased;
+                read = self.source.read(&mut buf) => match read {
+                    Ok(n @ 1..) => if sink.write_all(&buf[..n]).await.is_err() { return },
+                    _ => return,
+                },
+                _ = &mut self.close => {
+                    while let Ok(n @ 1..) = self.source.try_read(&mut buf) {
+                        if sink.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Opens containerd's stdin FIFO for copying; `None` when the process has no stdin.
+fn open_stdin(uri: &str) -> Result<Option<(StdinCopy, oneshot::Sender<()>)>> {
+    let Target::Fifo(path) = target("stdin", uri)? else { return Ok(None) };
     // Read-write: the open never waits for containerd's writer, and no early end of file is
     // seen before it comes; the end of input is CloseIO's to decide.
-    let mut source = tokio::net::unix::pipe::OpenOptions::new()
+    let source = tokio::net::unix::pipe::OpenOptions::new()
         .read_write(true)
-        .open_receiver(fifo)
-        .with_path("open stdin", fifo)?;
-    let (read, write) =
-        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::sys("create stdin pipe", e))?;
-    let mut sink = tokio::net::unix::pipe::Sender::from_owned_fd(write).context(|| "stdin pipe".into())?;
-    let task = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut source, &mut sink).await;
+        .open_receiver(&path)
+        .with_path("open stdin", &path)?;
+    let (tx, rx) = oneshot::channel();
+    Ok(Some((StdinCopy { source, close: rx }, tx)))
+}
+
+/// Opens the three streams of a process without a terminal; `process_id` and `namespace` are
+/// given to a logging program.
+pub async fn open(req: &Request, process_id: &str, namespace: &str) -> Result<(CreateIo, Kept)> {
+    req.validate()?;
+    let mut kept = Kept::default();
+    let (stdout, stderr) = match target("stdout", &req.stdout)? {
+        Target::Binary(spec) => {
+            let (logger, pipes) = Logger::start(&spec, process_id, namespace).await?;
+            kept.logger = Some(logger);
+            (Stdio::from(pipes.stdout), Stdio::from(pipes.stderr))
+        }
+        _ => (open_output("stdout", &req.stdout, &mut kept)?, open_output("stderr", &req.stderr, &mut kept)?),
+    };
+    let stdin = match open_stdin(&req.stdin)? {
+        Some((copy, close)) => {
+            let (read, write) =
+                nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::sys("create stdin pipe", e))?;
+            let sink =
+                tokio::net::unix::pipe::Sender::from_owned_fd(write).context(|| "stdin pipe".into())?;
+            let task = tokio::spawn(copy.run(sink)).abort_handle();
+            kept.stdin = Some(StdinHandle { close: Some(close), task: Some(task) });
+            Stdio::from(read)
+        }
+        None => Stdio::null(),
+    };
+    Ok((CreateIo { stdin, stdout, stderr, console_socket: None }, kept))
+}
+
+/// One output stream handed to the process as it is.
+fn open_output(field: &str, uri: &str, kept: &mut Kept) -> Result<Stdio> {
+    Ok(match target(field, uri)? {
+        Target::Null | Target::Binary(_) => Stdio::null(),
+        Target::File(path) => Stdio::from(open_file(field, &path)?),
+        Target::Fifo(path) => {
+            kept.readers.push(keep_reader(field, &path)?);
+            // Never blocks or fails for want of a reader: corral holds one.
+            let file = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+                .and_then(blocking)
+                .with_path(&format!("open {field}"), &path)?;
+            Stdio::from(file)
+        }
+    })
+}
+
+/// The stdin copy and output destination of a terminal's pumps.
+pub struct ConsoleIo {
+    pub stdin: Option<StdinCopy>,
+    pub output: Box<dyn AsyncWrite + Send + Unpin>,
+}
+
+/// Opens the streams of a tty process: its stdin copy and where the terminal's output goes.
+pub async fn open_for_console(req: &Request, process_id: &str, namespace: &str) -> Result<(ConsoleIo, Kept)> {
+    req.validate()?;
+    let mut kept = Kept::default();
+    let output: Box<dyn AsyncWrite + Send + Unpin> = match target("stdout", &req.stdout)? {
+        Target::Null => Box::new(tokio::io::sink()),
+        Target::File(path) => Box::new(tokio::fs::File::from_std(open_file("stdout", &path)?)),
+        Target::Fifo(path) => {
+            kept.readers.push(keep_reader("stdout", &path)?);
+            Box::new(
+                tokio::net::unix::pipe::OpenOptions::new()
+                    .open_sender(&path)
+                    .with_path("open stdout", &path)?,
+            )
+        }
+        Target::Binary(spec) => {
+            let (logger, pipes) = Logger::start(&spec, process_id, namespace).await?;
+            kept.logger = Some(logger);
+            // The terminal has no stderr: the program sees its end of file at once.
+            drop(pipes.stderr);
+            Box::new(
+                tokio::net::unix::pipe::Sender::from_owned_fd(pipes.stdout)
+                    .context(|| "logger stdout pipe".into())?,
+            )
+        }
+    };
+    let stdin = open_stdin(&req.stdin)?.map(|(copy, close)| {
+        kept.stdin = Some(StdinHandle { close: Some(close), task: None });
+        copy
     });
-    Ok((read, task.abort_handle()))
+    Ok((ConsoleIo { stdin, output }, kept))
+}
+
+/// A read-only, never-read fd that keeps a FIFO's reader side open (see the module doc).
+fn keep_reader(field: &str, path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .with_path(&format!("open {field} for keeping"), path)
+}
+
+fn open_file(field: &str, path: &Path) -> Result<File> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_path(&format!("create {field} directory"), dir)?;
+    }
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(path)
+        .with_path(&format!("open {field}"), path)
 }
 
 /// The process expects blocking writes.
@@ -146,7 +302,29 @@ mod tests {
         assert_eq!(target("stdout", "fifo:///run/x").unwrap(), Target::Fifo("/run/x".into()));
         assert_eq!(target("stderr", "file:///var/log/c.log").unwrap(), Target::File("/var/log/c.log".into()));
         assert!(target("stdin", "file:///etc/passwd").unwrap_err().to_string().contains("output streams"));
-        assert!(matches!(target("stdout", "binary:///usr/bin/logger").unwrap_err(), Error::Unimplemented(_)));
+        assert!(matches!(target("stdout", "binary:///usr/bin/logger?a=b").unwrap(), Target::Binary(_)));
+        assert!(target("stdin", "binary:///usr/bin/logger")
+            .unwrap_err()
+            .to_string()
+            .contains("output streams"));
+        assert!(target("stdout", "tcp://1.2.3.4").unwrap_err().to_string().contains("unknown stdio scheme"));
         assert!(target("stdout", "relative/path").unwrap_err().to_string().contains("not an absolute path"));
+    }
+
+    #[test]
+    fn a_logger_takes_both_output_streams() {
+        let req = |stdout: &str, stderr: &str, terminal| Request {
+            stdin: String::new(),
+            stdout: stdout.into(),
+            stderr: stderr.into(),
+            terminal,
+        };
+        assert!(req("/run/o", "/run/e", false).validate().is_ok());
+        assert!(req("/run/o", "", true).validate().is_ok());
+        // A terminal has one output stream; stderr is ignored, as containerd's shims do.
+        assert!(req("/run/o", "/run/e", true).validate().is_ok());
+        assert!(req("binary:///l", "binary:///l", false).validate().is_ok());
+        let err = req("binary:///l", "/run/e", false).validate().unwrap_err().to_string();
+        assert!(err.starts_with("stderr:") && err.contains("binary://"), "{err}");
     }
 }
