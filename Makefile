@@ -2,7 +2,7 @@
 PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 
-.PHONY: all install uninstall test bench demo
+.PHONY: all install uninstall installer-image test bench demo
 
 all:
 	cargo build --workspace --bins
@@ -13,6 +13,10 @@ install:
 
 uninstall:
 	rm -f "$(DESTDIR)$(BINDIR)/containerd-shim-corral-v2"
+
+# The node-installer image of deploy/corral-deploy.yaml, as an OCI archive (no image builder needed).
+installer-image:
+	bash scripts/build-installer-image.sh target/corral-deploy.tar
 
 test:
 	bash scripts/test.sh

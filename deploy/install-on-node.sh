@@ -48,7 +48,11 @@ remove_block() {
 case "$action" in
   install)
     mkdir -p "$BIN_DIR" "$(dirname "$CONTAINERD_CONFIG")"
-    install -m 0755 "$SHIM" "$BIN_DIR/containerd-shim-corral-v2"
+    # Copy then rename: running shims keep their old binary (no "text file busy"), and
+    # containerd never sees a half-written one. (No `install`: busybox images lack it.)
+    cp "$SHIM" "$BIN_DIR/.containerd-shim-corral-v2.new"
+    chmod 0755 "$BIN_DIR/.containerd-shim-corral-v2.new"
+    mv -f "$BIN_DIR/.containerd-shim-corral-v2.new" "$BIN_DIR/containerd-shim-corral-v2"
     touch "$CONTAINERD_CONFIG"
     if grep -Fqx "$BEGIN" "$CONTAINERD_CONFIG"; then
       log "handler already configured in $CONTAINERD_CONFIG"

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds a busybox image as an OCI image-layout tarball, offline, from Debian's busybox-static.
-#   usage: build-image.sh OUT.tar [NAME]
+#   usage: build-image.sh OUT.tar [NAME [EXTRA_DIR]]
 # NAME defaults to docker.io/corral/busybox:test. The image's default command sleeps forever, so
 # the same image also serves as the pause image of containerd's default runc handler.
+# EXTRA_DIR, if given, is copied over the busybox root (how the node-installer image gets its
+# files, see build-installer-image.sh).
 set -euo pipefail
-out=${1:?usage: build-image.sh OUT.tar [NAME]}
+out=${1:?usage: build-image.sh OUT.tar [NAME [EXTRA_DIR]]}
 name=${2:-docker.io/corral/busybox:test}
+extra=${3:-}
 bb=/bin/busybox
 [[ -x $bb ]] || { echo "build-image: $bb missing (apt-get install busybox-static)" >&2; exit 1; }
 
@@ -20,6 +23,9 @@ for applet in $("$bb" --list); do
 done
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$root/etc/passwd"
 printf 'root:x:0:\nnobody:x:65534:\n' >"$root/etc/group"
+if [[ -n $extra ]]; then
+  cp -a "$extra"/. "$root"/
+fi
 
 # Reproducible layer: fixed owner, mtime and order.
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$root" -cf "$work/layer.tar" .

@@ -96,3 +96,104 @@ fn the_manifests_are_the_objects_they_claim() -> Result<()> {
     );
     Ok(())
 }
+
+/// The DaemonSet's pod template from deploy/corral-deploy.yaml, as JSON.
+fn daemonset_pod_template() -> Result<serde_json::Value> {
+    let script = "import sys, yaml, json\nfor d in yaml.safe_load_all(open(sys.argv[1])):\n    if d['kind'] == 'DaemonSet': print(json.dumps(d['spec']['template']['spec']))";
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(workspace().join("deploy/corral-deploy.yaml"))
+        .output()?;
+    anyhow::ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// The installer image (scripts/build-installer-image.sh) run the way the DaemonSet runs it, in a
+/// privileged hostPID pod (on corral itself), with a scratch directory as the node's root:
+/// it installs the shim and the handler, and its preStop hook removes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_installer_image_installs_and_its_prestop_uninstalls() -> Result<()> {
+    use corral_rig::cri::{container_config, log_dir, pod_config, pod_ns};
+    use k8s_cri::v1::{ImageSpec, KeyValue, Mount, NamespaceMode};
+
+    let rig = corral_rig::Rig::start(corral_rig::Options::default()).await?;
+    let template = daemonset_pod_template()?;
+    let spec = &template["containers"][0];
+    let image = spec["image"].as_str().unwrap_or_default();
+    assert_eq!(
+        image,
+        format!("corral/corral-deploy:{}", env!("CARGO_PKG_VERSION")),
+        "the image the build names"
+    );
+
+    let tar = rig.dir.join("corral-deploy.tar");
+    let built = Command::new("bash")
+        .arg(workspace().join("scripts/build-installer-image.sh"))
+        .arg(&tar)
+        .arg(shim_binary())
+        .output()?;
+    anyhow::ensure!(built.status.success(), "build: {}", String::from_utf8_lossy(&built.stderr));
+    rig.ctr(&["images", "import", &tar.display().to_string()])?;
+
+    let host = host_with(V3, "image")?;
+    let restarts = host.join("restarts");
+    let mut cri = rig.cri().await?;
+    let mut cfg = pod_config("corral-deploy", &log_dir(&rig.dir, "corral-deploy"));
+    assert_eq!(template["hostPID"], true);
+    pod_ns(&mut cfg).pid = NamespaceMode::Node as i32;
+    cfg.linux.as_mut().unwrap().security_context.as_mut().unwrap().privileged = true;
+    let pod = cri.run_pod(&cfg, "corral").await?;
+
+    let mut config = container_config("install", "");
+    config.image = Some(ImageSpec { image: format!("docker.io/{image}"), ..Default::default() });
+    let strings = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_string)).collect()
+    };
+    config.command = strings(&spec["command"]);
+    config.args = strings(&spec["args"]);
+    config.envs = spec["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| KeyValue {
+            key: e["name"].as_str().unwrap().into(),
+            value: e["value"].as_str().unwrap().into(),
+        })
+        .collect();
+    // The node's containerd is not restarted here: the restart command leaves a mark instead.
+    config.envs.push(KeyValue { key: "RESTART".into(), value: "echo restarted >> /host/restarts".into() });
+    let host_mount = spec["volumeMounts"][0]["mountPath"].as_str().unwrap().to_string();
+    config.mounts = vec![Mount {
+        container_path: host_mount,
+        host_path: host.display().to_string(),
+        ..Default::default()
+    }];
+    let security = config.linux.as_mut().unwrap().security_context.as_mut().unwrap();
+    security.privileged = spec["securityContext"]["privileged"] == true;
+    security.namespace_options.as_mut().unwrap().pid = NamespaceMode::Node as i32;
+    let c = cri.run_container(&pod, &cfg, &config).await?;
+
+    corral_rig::eventually(std::time::Duration::from_secs(10), || {
+        (!restarts.exists()).then(|| format!("not installed yet: {}", rig.log_tail(5)))
+    })
+    .await?;
+    let installed = host.join("usr/local/bin/containerd-shim-corral-v2");
+    assert_eq!(std::fs::read(&installed)?, std::fs::read(shim_binary())?, "the image's shim is installed");
+    let text = std::fs::read_to_string(host.join("etc/containerd/config.toml"))?;
+    assert!(text.starts_with(V3) && text.contains("runtimes.corral]"), "{text}");
+    let state = cri.container_status(&c).await?.status.map(|s| s.state);
+    assert_eq!(state, Some(k8s_cri::v1::ContainerState::ContainerRunning as i32), "it then sleeps");
+
+    // What kubelet runs before stopping the pod: the preStop hook.
+    let pre_stop = strings(&spec["lifecycle"]["preStop"]["exec"]["command"]);
+    let pre_stop: Vec<&str> = pre_stop.iter().map(String::as_str).collect();
+    let (code, _, err) = cri.exec_sync(&c, &pre_stop).await?;
+    assert_eq!(code, 0, "preStop: {err}");
+    assert_eq!(std::fs::read_to_string(host.join("etc/containerd/config.toml"))?, V3, "config restored");
+    assert!(!installed.exists(), "shim removed");
+    assert_eq!(std::fs::read_to_string(&restarts)?.lines().count(), 2);
+
+    cri.stop_and_remove_pod(&pod).await?;
+    std::fs::remove_dir_all(&host)?;
+    Ok(())
+}
