@@ -1,7 +1,21 @@
 //! corral's own settings. containerd 2.1 cannot pass handler options to a shim, so corral reads
 //! a TOML file: `CORRAL_CONFIG`, else `/etc/corral/config.toml` (absent = defaults). Unknown keys
-//! are errors naming the key. The environment (containerd's shim-manager `env`) overrides the
-//! file: `CORRAL_RUNC`, `CORRAL_SHM_SIZE`, `CORRAL_LOG`.
+//! are errors naming the key.
+//!
+//! Where containerd does pass handler options (an `options` table under the handler, containerd
+//! 2.4+; 2.1.9 breaks StartContainer with one), they arrive on `start`'s stdin as a
+//! `runtimeoptions.v1.Options`: `ConfigPath` names a file to read instead of the default, and
+//! otherwise the table itself comes as TOML text (`config_body`) in the same format as the file,
+//! so a handler can carry its own settings:
+//!
+//! ```toml
+//! [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral.options.pod]
+//!   shm_size = "128Mi"
+//! ```
+//!
+//! Later wins: defaults, the file, the handler's options, then the environment (containerd's
+//! shim-manager `env`: `CORRAL_RUNC`, `CORRAL_SHM_SIZE`, `CORRAL_LOG`). `start` keeps the options
+//! in the sandbox bundle (`corral-options.json`) for the server and `delete`.
 //!
 //! ```toml
 //! [runtime]
@@ -96,15 +110,25 @@ impl Config {
         Ok(config)
     }
 
-    /// The file (if any), then the environment.
-    pub fn load() -> Result<Config> {
-        let explicit = std::env::var_os("CORRAL_CONFIG").map(PathBuf::from);
+    /// The file (if any), then the handler's options (if any), then the environment.
+    pub fn load(options: Option<&RuntimeOptions>) -> Result<Config> {
+        let from_options =
+            options.map(|o| PathBuf::from(&o.config_path)).filter(|p| !p.as_os_str().is_empty());
+        let explicit = from_options.or_else(|| std::env::var_os("CORRAL_CONFIG").map(PathBuf::from));
         let path = explicit.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_PATH));
-        let mut config = match std::fs::read_to_string(&path) {
-            Ok(text) => Config::parse(&text, &path)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => Config::default(),
+        let mut table = match std::fs::read_to_string(&path) {
+            Ok(text) => parse_table(&text, &path.display().to_string())?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => toml::Table::new(),
             Err(e) => return Err(Error::io(format!("read config {}", path.display()), e)),
         };
+        if let Some(body) = options.map(|o| o.config_body.as_str()).filter(|b| !b.trim().is_empty()) {
+            let origin = "runtime options (the handler's options table)";
+            let overlay = parse_table(body, origin)?;
+            merge(&mut table, overlay);
+        }
+        let mut config: Config = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| {
+            Error::invalid(format!("config {}: {}", path.display(), e.message()))
+        })?;
         if let Ok(binary) = std::env::var("CORRAL_RUNC") {
             config.runtime.binary = binary;
         }
@@ -140,20 +164,98 @@ impl Config {
     }
 }
 
+/// Parses TOML into a table, checking it against corral's schema so that an unknown key is named
+/// with the place it came from.
+fn parse_table(text: &str, origin: &str) -> Result<toml::Table> {
+    let invalid = |e: toml::de::Error| Error::invalid(format!("config {origin}: {}", e.message()));
+    let table: toml::Table = toml::from_str(text).map_err(invalid)?;
+    toml::Value::Table(table.clone()).try_into::<Config>().map_err(invalid)?;
+    Ok(table)
+}
+
+/// Lays `overlay` over `base`, key by key in nested tables.
+fn merge(base: &mut toml::Table, overlay: toml::Table) {
+    for (key, value) in overlay {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(inner)), toml::Value::Table(over)) => merge(inner, over),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+/// containerd's `runtimeoptions.v1.Options`: what a handler's `options` table becomes for a shim
+/// that is not runc.
+#[derive(Clone, PartialEq, prost::Message, serde::Serialize, Deserialize)]
+pub struct RuntimeOptions {
+    #[prost(string, tag = "1")]
+    #[serde(default)]
+    pub type_url: String,
+    #[prost(string, tag = "2")]
+    #[serde(default)]
+    pub config_path: String,
+    #[prost(string, tag = "3")]
+    #[serde(default)]
+    pub config_body: String,
+}
+
+/// Where `start` keeps the handler's options in the sandbox bundle.
+pub const OPTIONS_FILE: &str = "corral-options.json";
+
+impl RuntimeOptions {
+    /// Decodes the options `start` received; `None` for other kinds of options (runc's, which
+    /// carry nothing for corral).
+    pub fn from_any(type_url: &str, value: &[u8]) -> Result<Option<RuntimeOptions>> {
+        if !type_url.ends_with("runtimeoptions.v1.Options") {
+            return Ok(None);
+        }
+        let options = <RuntimeOptions as prost::Message>::decode(value)
+            .map_err(|e| Error::invalid(format!("runtime options: not a runtimeoptions.v1.Options: {e}")))?;
+        if !options.config_path.is_empty() && !Path::new(&options.config_path).is_absolute() {
+            return Err(Error::invalid(format!(
+                "runtime options: ConfigPath {:?} is not an absolute path",
+                options.config_path
+            )));
+        }
+        Ok(Some(options))
+    }
+
+    /// Keeps the options in `bundle` for the server and `delete`.
+    pub fn save(&self, bundle: &Path) -> Result<()> {
+        let path = bundle.join(OPTIONS_FILE);
+        let data = serde_json::to_vec(self).expect("options serialize");
+        std::fs::write(&path, data).map_err(|e| Error::io(format!("write {}", path.display()), e))
+    }
+
+    /// The options `start` kept in `bundle`, if any.
+    pub fn saved(bundle: &Path) -> Result<Option<RuntimeOptions>> {
+        let path = bundle.join(OPTIONS_FILE);
+        match std::fs::read(&path) {
+            Ok(data) => serde_json::from_slice(&data)
+                .map(Some)
+                .map_err(|e| Error::invalid(format!("{}: {e}", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(format!("read {}", path.display()), e)),
+        }
+    }
+}
+
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
-/// Loads the configuration once for this process; later calls return the same result.
-pub fn init() -> Result<&'static Config> {
+/// Loads the configuration once for this process, with the handler's options if containerd
+/// passed some; later calls return the same result.
+pub fn init(options: Option<&RuntimeOptions>) -> Result<&'static Config> {
     if let Some(c) = CONFIG.get() {
         return Ok(c);
     }
-    let loaded = Config::load()?;
+    let loaded = Config::load(options)?;
     Ok(CONFIG.get_or_init(|| loaded))
 }
 
 /// The process's configuration (defaults if [`init`] was never called).
 pub fn get() -> &'static Config {
-    CONFIG.get_or_init(|| Config::load().unwrap_or_default())
+    CONFIG.get_or_init(|| Config::load(None).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -188,5 +290,61 @@ mod tests {
         assert!(err("[pod]\nshm_size = \"lots\"\n").contains("pod.shm_size"));
         assert!(err("[cgroup]\ndriver = \"magic\"\n").contains("magic"));
         assert!(err("[runtime]\nroot = \"relative\"\n").contains("runtime.root"));
+    }
+
+    fn options_any(config_path: &str, config_body: &str) -> Vec<u8> {
+        let o = RuntimeOptions {
+            type_url: String::new(),
+            config_path: config_path.into(),
+            config_body: config_body.into(),
+        };
+        prost::Message::encode_to_vec(&o)
+    }
+
+    /// What containerd 2.4 sends for a handler with an options table, decoded and laid over the file.
+    #[test]
+    fn handler_options_override_the_file() {
+        let dir = std::env::temp_dir().join(format!("corral-options-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("node.toml");
+        std::fs::write(
+            &file,
+            "[pod]\nshm_size = \"16Mi\"\ndefault_sysctls = false\n[log]\nlevel = \"debug\"\n",
+        )
+        .unwrap();
+
+        // ConfigPath: a file of the handler's own.
+        let o =
+            RuntimeOptions::from_any("runtimeoptions.v1.Options", &options_any(file.to_str().unwrap(), ""))
+                .unwrap()
+                .unwrap();
+        let c = Config::load(Some(&o)).unwrap();
+        assert_eq!((c.shm_size_kib(), c.pod.default_sysctls, c.log.level.as_str()), (16384, false, "debug"));
+
+        // config_body: the options table as TOML, over the file, key by key.
+        let body = "[pod]\nshm_size = \"128Mi\"\n";
+        let o =
+            RuntimeOptions { config_path: String::new(), config_body: body.into(), type_url: String::new() };
+        let base = Config::load(None).unwrap();
+        let c = Config::load(Some(&o)).unwrap();
+        assert_eq!(c.shm_size_kib(), 131072);
+        assert_eq!(c.pod.default_sysctls, base.pod.default_sysctls, "untouched keys keep the file's value");
+
+        // Errors name where the bad key came from.
+        let o = RuntimeOptions { config_body: "[pod]\nshm = 1\n".into(), ..o };
+        let err = Config::load(Some(&o)).unwrap_err().to_string();
+        assert!(err.contains("runtime options") && err.contains("unknown field `shm`"), "{err}");
+        let err = RuntimeOptions::from_any("runtimeoptions.v1.Options", &options_any("rel.toml", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ConfigPath") && err.contains("absolute"), "{err}");
+        assert!(RuntimeOptions::from_any("runtimeoptions.v1.Options", &[0xff]).is_err());
+        assert_eq!(RuntimeOptions::from_any("containerd.runc.v1.Options", &[1, 2]).unwrap(), None);
+
+        // start keeps them for the server and delete.
+        o.save(&dir).unwrap();
+        assert_eq!(RuntimeOptions::saved(&dir).unwrap(), Some(o));
+        assert_eq!(RuntimeOptions::saved(&dir.join("none")).unwrap(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -162,7 +162,7 @@ pub fn run(containerd_config: &Path) -> Vec<Finding> {
             "pass -containerd-config PATH",
         )),
     }
-    match crate::config::Config::load() {
+    match crate::config::Config::load(None) {
         Ok(c) => {
             findings.push(ok(format!(
                 "corral config: runtime {}, shm {}, cgroup driver {:?}",

@@ -45,6 +45,8 @@ pub struct Options {
     pub log_level: Option<String>,
     /// Environment for shims, through containerd's shim-manager `env` (e.g. "CORRAL_SHM_SIZE=16Mi").
     pub shim_env: Vec<String>,
+    /// More containerd configuration (TOML), appended to the rig's.
+    pub extra_config: String,
 }
 
 /// A running private containerd.
@@ -132,8 +134,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
 [plugins.'io.containerd.shim.v1.manager']
   env = {shim_env}
+
+{extra}
 "#,
             shim_env = shim_env,
+            extra = self.options.extra_config,
             root = self.root.display(),
             state = self.state.display(),
             sock = self.socket.display(),

@@ -16,8 +16,8 @@ use crate::error::{Error, Result};
 pub struct StartInput {
     /// 2.3+: where containerd wants shim sockets.
     pub socket_dir: Option<String>,
-    /// The runtime options' type URL, when containerd sent some.
-    pub options_type: Option<String>,
+    /// The runtime options (type URL, value), when containerd sent some.
+    pub options: Option<(String, Vec<u8>)>,
 }
 
 pub fn parse_stdin(data: &[u8], id: &str) -> Result<StartInput> {
@@ -26,14 +26,19 @@ pub fn parse_stdin(data: &[u8], id: &str) -> Result<StartInput> {
     }
     if let Ok(params) = BootstrapParams::parse_from_bytes(data) {
         if params.instance_id == id {
-            let options_type =
-                params.extensions.iter().filter_map(|e| e.value.as_ref()).map(|a| a.type_url.clone()).next();
-            return Ok(StartInput { socket_dir: params.socket_dir.clone(), options_type });
+            // The runtime options are one of the extensions; prefer corral's kind.
+            let extensions: Vec<&Any> = params.extensions.iter().filter_map(|e| e.value.as_ref()).collect();
+            let options = extensions
+                .iter()
+                .find(|a| a.type_url.ends_with("runtimeoptions.v1.Options"))
+                .or(extensions.first())
+                .map(|a| (a.type_url.clone(), a.value.clone()));
+            return Ok(StartInput { socket_dir: params.socket_dir.clone(), options });
         }
     }
     let any = Any::parse_from_bytes(data)
         .map_err(|e| Error::invalid(format!("stdin: neither runtime options nor BootstrapParams: {e}")))?;
-    Ok(StartInput { socket_dir: None, options_type: Some(any.type_url) })
+    Ok(StartInput { socket_dir: None, options: Some((any.type_url, any.value)) })
 }
 
 /// The reply containerd parses from `start`'s output.
@@ -58,7 +63,7 @@ mod tests {
         any.type_url = "runtimeoptions.v1.Options".into();
         any.value = vec![10, 1, b'x'];
         let got = parse_stdin(&any.write_to_bytes().unwrap(), "sb").unwrap();
-        assert_eq!(got.options_type.as_deref(), Some("runtimeoptions.v1.Options"));
+        assert_eq!(got.options, Some(("runtimeoptions.v1.Options".to_string(), vec![10, 1, b'x'])));
         assert_eq!(got.socket_dir, None);
 
         let mut params = BootstrapParams::new();
@@ -67,6 +72,13 @@ mod tests {
         params.socket_dir = Some("/run/containerd/s".into());
         let got = parse_stdin(&params.write_to_bytes().unwrap(), "sb").unwrap();
         assert_eq!(got.socket_dir.as_deref(), Some("/run/containerd/s"));
+        assert_eq!(got.options, None);
+        // 2.3+: the handler's options come as an extension.
+        let mut ext = containerd_shim_protos::bootstrap_api::Extension::new();
+        ext.value = containerd_shim_protos::protobuf::MessageField::some(any.clone());
+        params.extensions.push(ext);
+        let got = parse_stdin(&params.write_to_bytes().unwrap(), "sb").unwrap();
+        assert_eq!(got.options, Some((any.type_url.clone(), any.value.clone())));
 
         assert!(parse_stdin(&[0xff, 0xff], "sb").unwrap_err().to_string().starts_with("stdin:"));
     }

@@ -26,7 +26,11 @@ use crate::service::Shim;
 use crate::task::runc::Runc;
 
 pub fn run(args: &Args) -> Result<()> {
-    let config = crate::config::init()?;
+    let bundle = match &args.bundle {
+        Some(b) => b.clone(),
+        None => std::env::current_dir().context(|| "current directory".into())?,
+    };
+    let config = crate::config::init(crate::config::RuntimeOptions::saved(&bundle)?.as_ref())?;
     super::logging::init(args.debug, &args.id, &config.log.level);
     // Container inits are reparented to corral when `runc create` exits; the subreaper bit makes
     // them corral's children so their exit status can be collected.

@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 
 use super::args::Args;
 use super::bootstrap;
+use crate::config::RuntimeOptions;
 use crate::error::{Error, IoContext, Result};
 
 /// Default directory for shim sockets (short, so paths stay under the unix socket limit).
@@ -30,11 +31,22 @@ pub fn socket_path(dir: &Path, address: &str, namespace: &str, id: &str) -> Path
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    // A bad configuration fails here, where containerd shows the message in RunPodSandbox's error.
-    crate::config::init()?;
     let mut stdin = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut stdin);
     let input = bootstrap::parse_stdin(&stdin, &args.id)?;
+    let options = match &input.options {
+        Some((type_url, value)) => RuntimeOptions::from_any(type_url, value)?,
+        None => None,
+    };
+    // A bad configuration fails here, where containerd shows the message in RunPodSandbox's error.
+    crate::config::init(options.as_ref())?;
+    if let Some(options) = &options {
+        let bundle = match &args.bundle {
+            Some(b) => b.clone(),
+            None => std::env::current_dir().context(|| "current directory".into())?,
+        };
+        options.save(&bundle)?;
+    }
     let dir = PathBuf::from(input.socket_dir.unwrap_or_else(|| SOCKET_DIR.to_string()));
     let socket = socket_path(&dir, &args.address, &args.namespace, &args.id);
 
