@@ -88,3 +88,55 @@ async fn pids_lists_the_container_processes_and_marks_execs() -> Result<()> {
     cri.stop_and_remove_pod(&pod).await?;
     Ok(())
 }
+
+/// Children of `parent` in state Z, from /proc.
+fn zombie_children_of(parent: u32) -> Vec<u32> {
+    probe::all_pids()
+        .into_iter()
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let fields: Vec<&str> =
+                stat.rsplit_once(')').map(|(_, f)| f.split_whitespace().collect()).unwrap_or_default();
+            fields.first() == Some(&"Z") && fields.get(1) == Some(&parent.to_string().as_str())
+        })
+        .collect()
+}
+
+/// In a hostPID container, a process whose parent exits is reparented to the shim (a
+/// subreaper), as under containerd's runc shim: the shim must reap it when it exits, or zombies
+/// pile up for the pod's life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphans_of_a_host_pid_container_are_reaped_by_the_shim() -> Result<()> {
+    let rig = Rig::start(Options::default()).await?;
+    let mut cri = rig.cri().await?;
+    let mut cfg = pod_config("orphans", &log_dir(&rig.dir, "orphans"));
+    pod_ns(&mut cfg).pid = NamespaceMode::Node as i32;
+    let pod = cri.run_pod(&cfg, "corral").await?;
+    let shim = probe::shim_of(&pod).expect("the pod's shim");
+
+    // Two double-forked sleeps: their parent subshells exit at once.
+    let marker = format!("1.{}", 600_000 + std::process::id());
+    let script = format!("(sleep {marker} &); (sleep {marker} &); exec sleep 1000");
+    let mut config = container_config("daemonizer", &script);
+    container_ns(&mut config).pid = NamespaceMode::Node as i32;
+    cri.run_container(&pod, &cfg, &config).await?;
+    eventually(T, || {
+        let orphans = probe::pids_with_cmdline(&marker);
+        let adopted = orphans.iter().filter(|p| {
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+            status.lines().any(|l| l == format!("PPid:\t{shim}"))
+        });
+        (adopted.count() < 2).then(|| format!("orphans {orphans:?} not yet the shim's children"))
+    })
+    .await?;
+    // They exit after a second; the shim reaps them.
+    eventually(T, || (!probe::pids_with_cmdline(&marker).is_empty()).then(|| "still sleeping".into()))
+        .await?;
+    eventually(Duration::from_secs(2), || {
+        let zombies = zombie_children_of(shim);
+        (!zombies.is_empty()).then(|| format!("zombie children of the shim: {zombies:?}"))
+    })
+    .await?;
+    cri.stop_and_remove_pod(&pod).await?;
+    Ok(())
+}

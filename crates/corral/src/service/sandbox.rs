@@ -45,6 +45,8 @@ impl SandboxService {
         let id = req.sandbox_id.clone();
         let runc = self.shim.runc.clone();
         let socket = self.shim.socket.clone();
+        // The holder is our child until its pidfd claims it (see sys::reaper).
+        let _busy = crate::sys::reaper::Busy::new();
         let pod = tokio::task::spawn_blocking(move || Pod::create(&id, bundle, spec, runc, socket))
             .await
             .map_err(|e| Error::Holder { step: "create pod".into(), message: e.to_string() })??;

@@ -54,6 +54,7 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 async fn serve(args: &Args) -> Result<()> {
+    crate::sys::reaper::spawn().context(|| "watch SIGCHLD for orphans".into())?;
     let events = Publisher::spawn(std::env::var("TTRPC_ADDRESS").ok(), args.namespace.clone());
     let runc = Runc::for_namespace(crate::config::get(), &args.namespace);
     std::fs::create_dir_all(&runc.root).with_path("create runc root", &runc.root)?;

@@ -4,3 +4,4 @@
 pub mod lock;
 pub mod ns;
 pub mod pidfd;
+pub mod reaper;

@@ -2,7 +2,8 @@
 //!
 //! corral never calls `waitpid(-1)`: tokio reaps the runc commands it spawns by pid, and every
 //! other child (holder, container inits reparented to corral as subreaper) is watched and reaped
-//! through its own pidfd. So no reaper can steal another's exit status.
+//! through its own pidfd, claimed from the orphan reaper (see `sys::reaper`) while it is. So no
+//! reaper can steal another's exit status.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
@@ -31,6 +32,7 @@ impl PidFd {
         // SAFETY: `fd` is an OwnedFd moved into the AsyncFd, so it stays open and refers to the
         // same pidfd for the AsyncFd's whole life.
         let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?;
+        super::reaper::claim(pid);
         Ok(PidFd { pid, fd })
     }
 
@@ -89,6 +91,13 @@ impl PidFd {
                 Err(_) => return 255,
             }
         }
+    }
+}
+
+/// Once nobody watches the process, an exit left unreaped is the orphan reaper's.
+impl Drop for PidFd {
+    fn drop(&mut self) {
+        super::reaper::release(self.pid);
     }
 }
 

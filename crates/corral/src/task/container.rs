@@ -126,6 +126,8 @@ impl Container {
         if !req.rootfs.is_empty() {
             rootfs::mount_rootfs(&req.rootfs, &rootfs_dir)?;
         }
+        // The init is our child: keep the orphan reaper off until its pidfd claims it.
+        let _busy = crate::sys::reaper::Busy::new();
         let created = async {
             let data = serde_json::to_vec(&spec).expect("a JSON value serializes");
             std::fs::write(&config_path, data).with_path("write", &config_path)?;
@@ -295,6 +297,8 @@ impl Container {
         if process.status() != Status::Created {
             return Err(Error::precondition(format!("exec {exec_id}: already started")));
         }
+        // A fast exec may be a zombie before its pidfd claims it: keep the orphan reaper off.
+        let _busy = crate::sys::reaper::Busy::new();
         let spec_file = self.bundle.join(format!("exec-{exec_id}.json"));
         let pid_file = self.bundle.join(format!("exec-{exec_id}.pid"));
         std::fs::write(&spec_file, serde_json::to_vec(&spec).expect("JSON serializes"))

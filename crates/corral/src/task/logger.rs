@@ -56,6 +56,7 @@ impl LoggerSpec {
 /// A running logging program.
 pub struct Logger {
     child: tokio::process::Child,
+    pid: i32,
 }
 
 /// The write ends the process gets as its stdout and stderr.
@@ -79,6 +80,7 @@ impl Logger {
         let high =
             |fd: &OwnedFd| fcntl(fd.as_raw_fd(), FcntlArg::F_DUPFD_CLOEXEC(10)).context(|| "dup".into());
         let sources = [high(&out_r)?, high(&err_r)?, high(&ready_w)?];
+        let _busy = crate::sys::reaper::Busy::new();
         let mut cmd = tokio::process::Command::new(&spec.program);
         cmd.args(&spec.args)
             .env_clear()
@@ -107,10 +109,14 @@ impl Logger {
         }
         drop((out_r, err_r, ready_w));
         let child = spawned.with_path("start the logging program", &spec.program)?;
-        let mut logger = Logger { child };
+        // tokio reaps it; the orphan reaper must leave it alone.
+        let pid = child.id().unwrap_or_default() as i32;
+        crate::sys::reaper::claim(pid);
+        let mut logger = Logger { child, pid };
         if let Err(e) = wait_ready(ready_r).await {
             let _ = logger.child.start_kill();
             let _ = logger.child.wait().await;
+            crate::sys::reaper::release(pid);
             return Err(Error::io(format!("logging program {}", spec.program.display()), e));
         }
         Ok((logger, LoggerPipes { stdout: out_w, stderr: err_w }))
@@ -123,20 +129,25 @@ impl Logger {
             return;
         };
         runtime.spawn(async move {
-            if tokio::time::timeout(DRAIN_GRACE, self.child.wait()).await.is_ok() {
-                return;
-            }
-            if let Some(pid) = self.child.id() {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
-            }
-            if tokio::time::timeout(TERM_GRACE, self.child.wait()).await.is_err() {
-                tracing::warn!("the logging program ignored SIGTERM; killing it");
-                let _ = self.child.kill().await;
-            }
+            self.finish().await;
+            crate::sys::reaper::release(self.pid);
         });
+    }
+
+    async fn finish(&mut self) {
+        if tokio::time::timeout(DRAIN_GRACE, self.child.wait()).await.is_ok() {
+            return;
+        }
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if tokio::time::timeout(TERM_GRACE, self.child.wait()).await.is_err() {
+            tracing::warn!("the logging program ignored SIGTERM; killing it");
+            let _ = self.child.kill().await;
+        }
     }
 }
 

@@ -97,6 +97,8 @@ impl Runc {
         args: &[String],
         io: CreateIo,
     ) -> Result<()> {
+        // Until runc is reaped and the process it made is claimed by its caller.
+        let _busy = crate::sys::reaper::Busy::new();
         let log = bundle.join("runc-log.json");
         let _ = std::fs::remove_file(&log);
         let mut cmd = self.command(Some(&log));
@@ -194,6 +196,7 @@ impl Runc {
     /// Runs a subcommand with `input` on its stdin; returns its stdout.
     async fn run(&self, op: &'static str, id: &str, args: &[&str], input: Option<&[u8]>) -> Result<Vec<u8>> {
         use tokio::io::AsyncWriteExt;
+        let _busy = crate::sys::reaper::Busy::new();
         let mut child = self
             .command(None)
             .args(args)
