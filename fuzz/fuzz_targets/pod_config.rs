@@ -4,5 +4,10 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = corral::pod::spec::decode(Some(corral::pod::spec::POD_CONFIG_TYPE), data, "/run/netns/fuzz");
+    let _ = corral::pod::spec::decode(
+        Some(corral::pod::spec::POD_CONFIG_TYPE),
+        data,
+        "/run/netns/fuzz",
+        &corral::config::Config::default(),
+    );
 });

@@ -30,6 +30,20 @@ impl Mode {
     /// Reads the host's cgroup layout. Hybrid hosts (v1 controllers plus an empty unified
     /// hierarchy) count as v1: that is where the controllers are.
     pub fn detect() -> Result<Mode> {
+        Self::read_host()
+    }
+
+    /// The host's layout, read once per process: it does not change under a running shim.
+    pub fn host() -> Result<&'static Mode> {
+        static HOST: std::sync::OnceLock<Mode> = std::sync::OnceLock::new();
+        if let Some(mode) = HOST.get() {
+            return Ok(mode);
+        }
+        let mode = Self::read_host()?;
+        Ok(HOST.get_or_init(|| mode))
+    }
+
+    fn read_host() -> Result<Mode> {
         let stat = nix::sys::statfs::statfs(CGROUP_ROOT).with_path("statfs", Path::new(CGROUP_ROOT))?;
         if stat.filesystem_type().0 as i64 == CGROUP2_SUPER_MAGIC {
             return Ok(Mode::V2(PathBuf::from(CGROUP_ROOT)));
@@ -118,10 +132,11 @@ pub struct Resources {
 }
 
 impl PodCgroup {
-    /// Creates `<parent>/<sandbox id>` in every hierarchy. Parents kubelet has not made yet are
-    /// created too (and left for kubelet, which owns them).
+    /// Creates `<parent>/<sandbox id>` in every hierarchy (`parent` a cgroupfs path, see
+    /// [`path::resolve_parent_as`]). Parents kubelet has not made yet are created too (and left
+    /// for kubelet, which owns them).
     pub fn create(mode: &Mode, parent: &str, sandbox_id: &str) -> Result<PodCgroup> {
-        let rel = format!("{}/{}", path::resolve_parent(parent)?.trim_end_matches('/'), sandbox_id);
+        let rel = format!("{}/{}", parent.trim_end_matches('/'), sandbox_id);
         for dir in mode.dirs(&rel) {
             std::fs::create_dir_all(&dir).with_path("create cgroup", &dir)?;
         }

@@ -31,11 +31,6 @@ pub fn expand_slice(slice: &str) -> Result<String> {
     Ok(path)
 }
 
-/// The pod's `cgroup_parent` as a cgroupfs path, under the configured cgroup driver.
-pub fn resolve_parent(parent: &str) -> Result<String> {
-    resolve_parent_as(parent, crate::config::get().cgroup.driver)
-}
-
 /// The pod's `cgroup_parent` as a cgroupfs path. Refuses `..` and relative paths, so a pod
 /// cannot point corral outside the cgroup tree; a forced driver refuses the other form.
 pub fn resolve_parent_as(parent: &str, driver: Driver) -> Result<String> {
@@ -81,6 +76,23 @@ pub fn resolve_container(cgroups_path: &str) -> Result<String> {
     }
 }
 
+/// Whether a container's `linux.cgroupsPath` needs runc's systemd cgroup manager: a
+/// `slice:prefix:name` path (what CRI writes when the pod's cgroup_parent is a slice) does,
+/// unless corral's configuration forces the cgroupfs driver, which refuses it (as a forced
+/// systemd driver refuses a plain path).
+pub fn container_uses_systemd(cgroups_path: &str, driver: Driver) -> Result<bool> {
+    let systemd_form = cgroups_path.split(':').count() == 3;
+    match (driver, systemd_form) {
+        (Driver::Cgroupfs, true) => Err(Error::invalid(format!(
+            "linux.cgroupsPath: {cgroups_path:?} is a systemd unit but cgroup.driver is cgroupfs"
+        ))),
+        (Driver::Systemd, false) => Err(Error::invalid(format!(
+            "linux.cgroupsPath: {cgroups_path:?} is not slice:prefix:name but cgroup.driver is systemd"
+        ))),
+        (_, systemd_form) => Ok(systemd_form),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,11 +108,25 @@ mod tests {
     }
 
     #[test]
+    fn systemd_container_paths_need_runcs_systemd_manager() {
+        let path = "kubepods-pod1.slice:cri-containerd:c1";
+        assert!(container_uses_systemd(path, Driver::Auto).unwrap());
+        assert!(container_uses_systemd(path, Driver::Systemd).unwrap());
+        assert!(!container_uses_systemd("/kubepods/pod1/c1", Driver::Auto).unwrap());
+        assert!(!container_uses_systemd("/kubepods/pod1/c1", Driver::Cgroupfs).unwrap());
+        let err = container_uses_systemd(path, Driver::Cgroupfs).unwrap_err().to_string();
+        assert!(err.starts_with("linux.cgroupsPath") && err.contains("cgroupfs"), "{err}");
+        let err = container_uses_systemd("/kubepods/pod1/c1", Driver::Systemd).unwrap_err().to_string();
+        assert!(err.starts_with("linux.cgroupsPath") && err.contains("systemd"), "{err}");
+    }
+
+    #[test]
     fn resolves_pod_and_container_paths() {
-        assert_eq!(resolve_parent("/kubepods/burstable/pod1").unwrap(), "/kubepods/burstable/pod1");
-        assert_eq!(resolve_parent("kubepods-pod1.slice").unwrap(), "/kubepods.slice/kubepods-pod1.slice");
-        assert!(resolve_parent("/kubepods/../../etc").unwrap_err().to_string().contains("cgroup_parent"));
-        assert!(resolve_parent("relative").is_err());
+        let auto = |p: &str| resolve_parent_as(p, Driver::Auto);
+        assert_eq!(auto("/kubepods/burstable/pod1").unwrap(), "/kubepods/burstable/pod1");
+        assert_eq!(auto("kubepods-pod1.slice").unwrap(), "/kubepods.slice/kubepods-pod1.slice");
+        assert!(auto("/kubepods/../../etc").unwrap_err().to_string().contains("cgroup_parent"));
+        assert!(auto("relative").is_err());
         assert_eq!(resolve_container("/k8s.io/abc").unwrap(), "/k8s.io/abc");
         assert_eq!(
             resolve_container("kubepods-pod1.slice:cri-containerd:abc").unwrap(),

@@ -62,17 +62,17 @@ impl Pod {
     ) -> Result<Pod> {
         let paths = PodPaths::new(bundle);
         let mut undo = Undo { armed: true, paths: &paths, holder: None, cgroup: None };
-        let cgroup = match spec.cgroup_parent.is_empty() {
-            true => None,
-            false => {
-                let cg = PodCgroup::create(&Mode::detect()?, &spec.cgroup_parent, id)?;
+        let cgroup = match &spec.cgroup_parent_path {
+            None => None,
+            Some(parent) => {
+                let cg = PodCgroup::create(Mode::host()?, parent, id)?;
                 undo.cgroup = Some(cg.clone());
                 Some(cg)
             }
         };
         files::write_files(&paths, &spec)?;
         if spec.ipc == NsMode::Pod {
-            files::mount_shm(&paths, crate::config::get().shm_size_kib())?;
+            files::mount_shm(&paths, spec.shm_size_kib)?;
         }
         let holder = undo.holder.insert(Holder::spawn(&HolderSpec {
             sandbox_id: id.to_string(),

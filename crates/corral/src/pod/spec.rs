@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use k8s_cri::v1::{NamespaceMode, PodSandboxConfig};
 use prost::Message;
 
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::pod::sysctl;
 
@@ -52,6 +53,12 @@ pub struct PodSpec {
     /// Sysctls to apply in the pod's namespaces, containerd's defaults included.
     pub sysctls: BTreeMap<String, String>,
     pub cgroup_parent: String,
+    /// `cgroup_parent` as a cgroupfs path, under the configured driver (`None` without one).
+    #[serde(default)]
+    pub cgroup_parent_path: Option<String>,
+    /// The size of the pod's /dev/shm, from corral's configuration.
+    #[serde(default)]
+    pub shm_size_kib: u64,
     /// User namespace mode POD: the holder joins the user namespace that owns CRI's netns (CRI
     /// made both), and every other pod namespace is created inside it. The mappings are CRI's.
     #[serde(default)]
@@ -61,8 +68,9 @@ pub struct PodSpec {
     pub resources: crate::cgroups::Resources,
 }
 
-/// Decodes and validates CreateSandbox's `options` and `netns_path`.
-pub fn decode(type_url: Option<&str>, value: &[u8], netns_path: &str) -> Result<PodSpec> {
+/// Decodes and validates CreateSandbox's `options` and `netns_path`; corral's configuration
+/// decides what the pod does not say (default sysctls, cgroup driver, shm size).
+pub fn decode(type_url: Option<&str>, value: &[u8], netns_path: &str, settings: &Config) -> Result<PodSpec> {
     let type_url = type_url.ok_or_else(|| {
         Error::invalid("options: missing; corral needs the CRI PodSandboxConfig (containerd 2.1+ with CRI)")
     })?;
@@ -72,10 +80,10 @@ pub fn decode(type_url: Option<&str>, value: &[u8], netns_path: &str) -> Result<
     }
     let config = PodSandboxConfig::decode(value)
         .map_err(|e| Error::invalid(format!("options.value: not a PodSandboxConfig: {e}")))?;
-    from_config(&config, netns_path)
+    from_config(&config, netns_path, settings)
 }
 
-pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpec> {
+pub fn from_config(config: &PodSandboxConfig, netns_path: &str, settings: &Config) -> Result<PodSpec> {
     let meta =
         config.metadata.as_ref().ok_or_else(|| Error::invalid("PodSandboxConfig.metadata: missing"))?;
     let linux = config.linux.clone().unwrap_or_default();
@@ -145,14 +153,15 @@ pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpe
     }
 
     let mut sysctls = sysctl::resolve(&linux.sysctls, network, ipc, user_namespace)?;
-    if !crate::config::get().pod.default_sysctls {
+    if !settings.pod.default_sysctls {
         // Only what the pod asked for.
         let asked: Vec<String> = linux.sysctls.keys().map(|k| sysctl::normalize(k)).collect();
         sysctls.retain(|k, _| asked.contains(k));
     }
-    if !linux.cgroup_parent.is_empty() {
-        crate::cgroups::path::resolve_parent(&linux.cgroup_parent)?;
-    }
+    let cgroup_parent_path = match linux.cgroup_parent.is_empty() {
+        true => None,
+        false => Some(crate::cgroups::path::resolve_parent_as(&linux.cgroup_parent, settings.cgroup.driver)?),
+    };
     let resources = linux
         .resources
         .as_ref()
@@ -176,6 +185,8 @@ pub fn from_config(config: &PodSandboxConfig, netns_path: &str) -> Result<PodSpe
         dns,
         sysctls,
         cgroup_parent: linux.cgroup_parent,
+        cgroup_parent_path,
+        shm_size_kib: settings.shm_size_kib(),
         user_namespace,
         resources,
     })
@@ -257,7 +268,7 @@ mod tests {
     #[test]
     fn decodes_a_kubelet_pod_from_its_protobuf_bytes() {
         let bytes = config(kubelet_ns()).encode_to_vec();
-        let spec = decode(Some(POD_CONFIG_TYPE), &bytes, "/var/run/netns/cni-1").unwrap();
+        let spec = decode(Some(POD_CONFIG_TYPE), &bytes, "/var/run/netns/cni-1", &Config::default()).unwrap();
         assert_eq!(spec.name, "web");
         assert_eq!(spec.namespace, "default");
         assert_eq!(spec.uid, "uid-1");
@@ -272,7 +283,7 @@ mod tests {
 
     #[test]
     fn missing_namespace_options_mean_pod_for_all_three() {
-        let spec = from_config(&config(None), "/run/netns/x").unwrap();
+        let spec = from_config(&config(None), "/run/netns/x", &Config::default()).unwrap();
         assert_eq!((spec.network, spec.pid, spec.ipc), (NsMode::Pod, NsMode::Pod, NsMode::Pod));
     }
 
@@ -288,6 +299,7 @@ mod tests {
             Some("types.googleapis.com/runtime.v1.PodSandboxConfig"),
             &c.encode_to_vec(),
             "/run/netns/x",
+            &Config::default(),
         )
         .unwrap();
         assert_eq!(spec.dns.unwrap().options, vec!["ndots:5"]);
@@ -296,35 +308,63 @@ mod tests {
     #[test]
     fn refuses_bad_input_naming_the_field() {
         let err = |r: Result<PodSpec>| r.unwrap_err().to_string();
-        assert!(err(decode(None, &[], "/x")).starts_with("options: missing"));
-        assert!(err(decode(Some("foo.Bar"), &[], "/x")).starts_with("options.type_url"));
-        assert!(err(decode(Some(POD_CONFIG_TYPE), &[0xff, 0xff, 0xff], "/x")).starts_with("options.value"));
-        assert!(err(from_config(&PodSandboxConfig::default(), "/x")).contains("metadata"));
-        assert!(err(from_config(&config(kubelet_ns()), "")).starts_with("netns_path: empty"));
-        assert!(err(from_config(&config(kubelet_ns()), "rel/ns")).contains("not absolute"));
+        assert!(err(decode(None, &[], "/x", &Config::default())).starts_with("options: missing"));
+        assert!(err(decode(Some("foo.Bar"), &[], "/x", &Config::default())).starts_with("options.type_url"));
+        assert!(err(decode(Some(POD_CONFIG_TYPE), &[0xff, 0xff, 0xff], "/x", &Config::default()))
+            .starts_with("options.value"));
+        assert!(err(from_config(&PodSandboxConfig::default(), "/x", &Config::default())).contains("metadata"));
+        assert!(
+            err(from_config(&config(kubelet_ns()), "", &Config::default())).starts_with("netns_path: empty")
+        );
+        assert!(
+            err(from_config(&config(kubelet_ns()), "rel/ns", &Config::default())).contains("not absolute")
+        );
 
         let mut c = config(kubelet_ns());
         c.hostname = "bad_host!".into();
-        assert!(err(from_config(&c, "/x")).starts_with("PodSandboxConfig.hostname"));
+        assert!(err(from_config(&c, "/x", &Config::default())).starts_with("PodSandboxConfig.hostname"));
 
         let mut ns = kubelet_ns().unwrap();
         ns.ipc = 7;
-        assert!(err(from_config(&config(Some(ns.clone())), "/x"))
+        assert!(err(from_config(&config(Some(ns.clone())), "/x", &Config::default()))
             .contains("namespace_options.ipc: unknown mode 7"));
         ns.ipc = NamespaceMode::Target as i32;
-        assert!(err(from_config(&config(Some(ns)), "/x")).contains("namespace_options.ipc: mode TARGET"));
+        assert!(err(from_config(&config(Some(ns)), "/x", &Config::default()))
+            .contains("namespace_options.ipc: mode TARGET"));
 
         let mut c = config(kubelet_ns());
         c.dns_config =
             Some(DnsConfig { servers: vec!["1.1.1.1\nnameserver 6.6.6.6".into()], ..Default::default() });
-        assert!(err(from_config(&c, "/x")).contains("dns_config.servers"));
+        assert!(err(from_config(&c, "/x", &Config::default())).contains("dns_config.servers"));
+    }
+
+    #[test]
+    fn corral_settings_decide_what_the_pod_does_not_say() {
+        let mut settings = Config::default();
+        let spec = from_config(&config(kubelet_ns()), "/x", &settings).unwrap();
+        assert_eq!(spec.cgroup_parent_path.as_deref(), Some("/kubepods/pod1"));
+        assert_eq!(spec.shm_size_kib, 65536);
+        assert!(spec.sysctls.contains_key("net.ipv4.ip_unprivileged_port_start"), "containerd's defaults");
+
+        settings.pod.default_sysctls = false;
+        settings.pod.shm_size = "16Mi".into();
+        settings.cgroup.driver = crate::config::Driver::Systemd;
+        let mut c = config(kubelet_ns());
+        c.linux.as_mut().unwrap().cgroup_parent = "kubepods-pod1.slice".into();
+        let spec = from_config(&c, "/x", &settings).unwrap();
+        assert_eq!(spec.cgroup_parent_path.as_deref(), Some("/kubepods.slice/kubepods-pod1.slice"));
+        assert_eq!(spec.shm_size_kib, 16384);
+        assert!(spec.sysctls.is_empty(), "only what the pod asked for");
+        // A cgroupfs path under a forced systemd driver is refused, naming the field.
+        let err = from_config(&config(kubelet_ns()), "/x", &settings).unwrap_err().to_string();
+        assert!(err.contains("cgroup_parent"), "{err}");
     }
 
     #[test]
     fn host_network_needs_no_netns() {
         let mut ns = kubelet_ns().unwrap();
         ns.network = NamespaceMode::Node as i32;
-        let spec = from_config(&config(Some(ns)), "").unwrap();
+        let spec = from_config(&config(Some(ns)), "", &Config::default()).unwrap();
         assert_eq!(spec.netns_path, None);
         assert!(!spec.sysctls.contains_key("net.ipv4.ip_unprivileged_port_start"));
     }

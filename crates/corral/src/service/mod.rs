@@ -17,6 +17,8 @@ use crate::task::runc::Runc;
 
 /// State shared by the services of one shim process.
 pub struct Shim {
+    /// corral's settings: the file, the handler's options, the environment (see `config`).
+    pub config: &'static crate::config::Config,
     pub namespace: String,
     pub runc: Runc,
     /// This server's socket (recorded so `delete` can remove it after a crash).
@@ -29,12 +31,14 @@ pub struct Shim {
 
 impl Shim {
     pub fn new(
+        config: &'static crate::config::Config,
         namespace: String,
         runc: Runc,
         socket: Option<std::path::PathBuf>,
         events: Publisher,
     ) -> Arc<Shim> {
         Arc::new(Shim {
+            config,
             namespace,
             runc,
             socket,

@@ -41,6 +41,7 @@ impl SandboxService {
             options.map(|a| a.type_url.as_str()),
             options.map(|a| a.value.as_slice()).unwrap_or_default(),
             &req.netns_path,
+            self.shim.config,
         )?;
         let id = req.sandbox_id.clone();
         let runc = self.shim.runc.clone();
@@ -198,14 +199,13 @@ impl Sandbox for SandboxService {
     ) -> ttrpc::Result<SandboxMetricsResponse> {
         traced("SandboxMetrics", &req.sandbox_id, async {
             let pod = self.shim.pod(&req.sandbox_id)?;
-            if pod.spec.cgroup_parent.is_empty() {
+            let Some(rel) = pod.spec.cgroup_parent_path.as_ref() else {
                 return Err(Error::precondition(format!(
                     "sandbox {}: no cgroup_parent, so no pod cgroup to measure",
                     pod.id
                 )));
-            }
-            let rel = cgroups::path::resolve_parent(&pod.spec.cgroup_parent)?;
-            let data = cgroups::stats::read(&cgroups::Mode::detect()?, &rel)?;
+            };
+            let data = cgroups::stats::read(cgroups::Mode::host()?, rel)?;
             let mut resp = SandboxMetricsResponse::default();
             let metric = resp.metrics.mut_or_insert_default();
             metric.id = pod.id.clone();

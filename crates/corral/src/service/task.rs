@@ -55,8 +55,7 @@ struct ProcessDetails {
 /// Publishes `/tasks/oom` for each OOM kill in the container's cgroup while its init lives.
 fn watch_oom(events: Publisher, c: &Arc<Container>) {
     let Some(rel) = c.cgroup.clone() else { return };
-    let watch =
-        crate::cgroups::Mode::detect().and_then(|mode| crate::cgroups::oom::OomWatch::new(&mode, &rel));
+    let watch = crate::cgroups::Mode::host().and_then(|mode| crate::cgroups::oom::OomWatch::new(mode, &rel));
     let mut watch = match watch {
         Ok(Some(w)) => w,
         Ok(None) => return,
@@ -356,7 +355,7 @@ impl Task for TaskService {
             let rel = c.cgroup.as_deref().ok_or_else(|| {
                 Error::precondition(format!("container {}: its spec names no cgroup", c.id))
             })?;
-            let stats = crate::cgroups::stats::read(&crate::cgroups::Mode::detect()?, rel)?;
+            let stats = crate::cgroups::stats::read(crate::cgroups::Mode::host()?, rel)?;
             Ok(StatsResponse {
                 stats: containerd_shim_protos::protobuf::MessageField::some(stats),
                 ..Default::default()

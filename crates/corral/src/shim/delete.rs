@@ -72,7 +72,12 @@ async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
     if is_ours(record.server_pid, "serve", id) {
         let _ = kill(Pid::from_raw(record.server_pid), Signal::SIGKILL);
     }
-    let runc = Runc { binary: record.runc_binary.clone(), root: record.runc_root.clone() };
+    let runc = Runc {
+        binary: record.runc_binary.clone(),
+        root: record.runc_root.clone(),
+        // runc's state remembers the cgroup manager of each container.
+        cgroup_driver: Default::default(),
+    };
     for (cid, bundle) in &record.containers {
         release_container(&runc, cid, bundle).await;
     }

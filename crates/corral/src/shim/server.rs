@@ -43,7 +43,7 @@ pub fn run(args: &Args) -> Result<()> {
         .max_blocking_threads(4)
         .build()
         .context(|| "build async runtime".into())?;
-    let result = runtime.block_on(serve(args));
+    let result = runtime.block_on(serve(args, config));
     if let Some(socket) = &args.socket {
         let _ = std::fs::remove_file(socket);
     }
@@ -53,10 +53,10 @@ pub fn run(args: &Args) -> Result<()> {
     result
 }
 
-async fn serve(args: &Args) -> Result<()> {
+async fn serve(args: &Args, config: &'static crate::config::Config) -> Result<()> {
     crate::sys::reaper::spawn().context(|| "watch SIGCHLD for orphans".into())?;
     let events = Publisher::spawn(std::env::var("TTRPC_ADDRESS").ok(), args.namespace.clone());
-    let runc = Runc::for_namespace(crate::config::get(), &args.namespace);
+    let runc = Runc::for_namespace(config, &args.namespace);
     std::fs::create_dir_all(&runc.root).with_path("create runc root", &runc.root)?;
     // A first record, before any pod exists: if CreateSandbox fails, containerd's `delete` still
     // finds this server and its socket. The pod's record replaces it.
@@ -71,7 +71,7 @@ async fn serve(args: &Args) -> Result<()> {
         containers: Vec::new(),
     }
     .save(&PodPaths::new(".").state_file())?;
-    let shim = Shim::new(args.namespace.clone(), runc, args.socket.clone(), events);
+    let shim = Shim::new(config, args.namespace.clone(), runc, args.socket.clone(), events);
 
     let tasks = Arc::new(TaskService { shim: shim.clone() });
     let mut services = create_task(tasks.clone());

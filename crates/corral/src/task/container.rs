@@ -109,9 +109,12 @@ impl Container {
         check_terminal("config.json process", req.terminal, spec.get("process"))?;
         oci::rewrite(&mut spec, pod)?;
         let kill_all_on_exit = oci::shares_pid_namespace(&spec);
-        let cgroup = match spec.pointer("/linux/cgroupsPath").and_then(Value::as_str) {
-            Some(p) if !p.is_empty() => Some(crate::cgroups::path::resolve_container(p)?),
-            _ => None,
+        let (cgroup, systemd_cgroup) = match spec.pointer("/linux/cgroupsPath").and_then(Value::as_str) {
+            Some(p) if !p.is_empty() => (
+                Some(crate::cgroups::path::resolve_container(p)?),
+                crate::cgroups::path::container_uses_systemd(p, runc.cgroup_driver)?,
+            ),
+            _ => (None, false),
         };
         let stdio = Stdio {
             stdin: req.stdin.clone(),
@@ -132,8 +135,10 @@ impl Container {
             let data = serde_json::to_vec(&spec).expect("a JSON value serializes");
             std::fs::write(&config_path, data).with_path("write", &config_path)?;
             let pid_file = bundle.join("init.pid");
-            run_with_stdio(&init, namespace, async |io| runc.create(&req.id, &bundle, &pid_file, io).await)
-                .await?;
+            run_with_stdio(&init, namespace, async |io| {
+                runc.create(&req.id, &bundle, &pid_file, io, systemd_cgroup).await
+            })
+            .await?;
             init.attach(read_pid(&pid_file)?)
         }
         .await;

@@ -25,6 +25,8 @@ pub const DEFAULT_ROOT: &str = "/run/corral/runc";
 pub struct Runc {
     pub binary: PathBuf,
     pub root: PathBuf,
+    /// Decides whether containers get runc's systemd cgroup manager (see [`Runc::create`]).
+    pub cgroup_driver: crate::config::Driver,
 }
 
 /// The process's stdio, handed to runc and inherited by the container's process.
@@ -51,7 +53,11 @@ impl CreateIo {
 impl Runc {
     /// The runtime of the configuration, with one state root per containerd namespace.
     pub fn for_namespace(config: &crate::config::Config, namespace: &str) -> Self {
-        Runc { binary: PathBuf::from(&config.runtime.binary), root: config.runtime.root.join(namespace) }
+        Runc {
+            binary: PathBuf::from(&config.runtime.binary),
+            root: config.runtime.root.join(namespace),
+            cgroup_driver: config.cgroup.driver,
+        }
     }
 
     /// `runc --root R --log-format json [--log L]`; without a log file runc logs to stderr.
@@ -66,8 +72,22 @@ impl Runc {
     }
 
     /// `runc create`: the container's init waits on runc's exec FIFO until `start`.
-    pub async fn create(&self, id: &str, bundle: &Path, pid_file: &Path, io: CreateIo) -> Result<()> {
-        let mut args = vec!["create".into(), "--bundle".into(), bundle.display().to_string()];
+    /// `systemd_cgroup`: the spec's cgroupsPath is a systemd unit (`slice:prefix:name`), which only
+    /// runc's systemd cgroup manager creates; runc keeps that choice in its state for later
+    /// commands, as containerd's runc shim relies on.
+    pub async fn create(
+        &self,
+        id: &str,
+        bundle: &Path,
+        pid_file: &Path,
+        io: CreateIo,
+        systemd_cgroup: bool,
+    ) -> Result<()> {
+        let mut args = Vec::new();
+        if systemd_cgroup {
+            args.push("--systemd-cgroup".to_string());
+        }
+        args.extend(["create".into(), "--bundle".into(), bundle.display().to_string()]);
         args.extend(console_args(&io));
         args.extend(["--pid-file".into(), pid_file.display().to_string(), id.into()]);
         self.with_container_stdio("create", id, bundle, &args, io).await
