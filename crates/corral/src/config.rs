@@ -150,6 +150,13 @@ impl Config {
                 self.pod.shm_size
             )));
         }
+        if let Err(e) = crate::shim::logging::parse_filter(&self.log.level) {
+            return Err(Error::invalid(format!(
+                "config {}: log.level: {:?} is not a level or target=level list: {e}",
+                origin.display(),
+                self.log.level
+            )));
+        }
         if self.runtime.binary.is_empty() || !self.runtime.root.is_absolute() {
             return Err(Error::invalid(format!(
                 "config {}: runtime.binary must be set and runtime.root absolute",
@@ -290,6 +297,8 @@ mod tests {
         assert!(err("[pod]\nshm_size = \"lots\"\n").contains("pod.shm_size"));
         assert!(err("[cgroup]\ndriver = \"magic\"\n").contains("magic"));
         assert!(err("[runtime]\nroot = \"relative\"\n").contains("runtime.root"));
+        assert!(err("[log]\nlevel = \"loud\"\n").contains("log.level"));
+        assert!(Config::parse("[log]\nlevel = \"corral=debug,info\"\n", Path::new("t")).is_ok());
     }
 
     fn options_any(config_path: &str, config_body: &str) -> Vec<u8> {

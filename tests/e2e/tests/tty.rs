@@ -1,6 +1,6 @@
 //! Terminals through CRI, as `kubectl exec -it` and `kubectl attach -it` / `kubectl run -it` use
 //! them: CRI's streaming server over WebSocket, a tty exec and a tty container, the window size
-//! (ResizePty), input, output and exit codes. The exec scenario runs on both handlers: corral must
+//! (ResizePty), input, output and exit codes; and a streaming exec without a terminal. The exec scenario runs on both handlers: corral must
 //! behave as containerd's own shim does.
 
 use std::time::Duration;
@@ -52,6 +52,16 @@ async fn exec_with_a_tty_resizes_and_returns_the_exit_code_like_the_runc_shim() 
         assert!(out.contains("tty; exit 7"), "{handler}: the terminal echoes input: {out:?}");
         assert_eq!(s.finish(T).await?, 7, "{handler}: exit code of the tty exec");
         assert!(s.stderr.is_empty(), "{handler}: a terminal has no stderr");
+
+        // Streaming exec without a terminal (`kubectl exec -i`): stdin in, stdout and stderr apart.
+        let url = cri
+            .exec(&c, &["sh", "-c", "read line; echo got-$line; echo err-$line >&2; exit 4"], false, true)
+            .await?;
+        let mut s = Session::connect(&url).await?;
+        s.stdin(b"abc\n").await?;
+        assert_eq!(s.finish(T).await?, 4, "{handler}: exit code of the streaming exec");
+        assert_eq!(String::from_utf8_lossy(&s.stdout), "got-abc\n", "{handler}");
+        assert_eq!(String::from_utf8_lossy(&s.stderr), "err-abc\n", "{handler}");
 
         // The container is untouched and serves more execs.
         let (code, _, _) = cri.exec_sync(&c, &["true"]).await?;
