@@ -156,9 +156,7 @@ async fn concurrent_deletes_after_a_crash_release_everything() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stdin_reaches_the_process_and_close_io_ends_it_and_file_stdio_works() -> Result<()> {
     let id = format!("stdio-{}", std::process::id());
-    let shim = DirectShim::start(&id).await?;
-    let netns = corral_rig::direct::TestNetns::new(&format!("crl-io-{}", std::process::id()))?;
-    let holder = shim.run_pod(&pod_config("stdio", &shim.dir), &netns.path.display().to_string()).await?;
+    let (shim, _netns, holder) = DirectShim::with_pod(&id, "stdio").await?;
 
     // `cat` reads containerd's stdin FIFO and writes to a file:// log (as ctr and nerdctl use).
     let cid = format!("{id}-cat");

@@ -10,8 +10,7 @@ use std::time::Duration;
 use anyhow::Result;
 use containerd_shim_protos::api::*;
 use containerd_shim_protos::sandbox_api::ShutdownSandboxRequest;
-use corral_rig::cri::pod_config;
-use corral_rig::direct::{container_bundle, ctx, DirectShim, TestNetns};
+use corral_rig::direct::{container_bundle, ctx, DirectShim};
 use corral_rig::{eventually, probe};
 
 const T: Duration = Duration::from_secs(5);
@@ -33,9 +32,7 @@ fn fifo(path: &std::path::Path) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binary_logger_gets_both_streams_and_the_ids_and_ends_with_the_process() -> Result<()> {
     let id = format!("binlog-{}", std::process::id());
-    let shim = DirectShim::start(&id).await?;
-    let netns = TestNetns::new(&format!("crl-bl-{}", std::process::id()))?;
-    let holder = shim.run_pod(&pod_config("binlog", &shim.dir), &netns.path.display().to_string()).await?;
+    let (shim, _netns, holder) = DirectShim::with_pod(&id, "binlog").await?;
 
     // The logging program records what the protocol gives it: arguments, environment, fds 3 and 4;
     // closing fd 5 says it is ready.
@@ -109,9 +106,7 @@ async fn a_binary_logger_gets_both_streams_and_the_ids_and_ends_with_the_process
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tty_container_gets_its_input_and_close_io_hangs_its_terminal_up() -> Result<()> {
     let id = format!("ttyio-{}", std::process::id());
-    let shim = DirectShim::start(&id).await?;
-    let netns = TestNetns::new(&format!("crl-tt-{}", std::process::id()))?;
-    let holder = shim.run_pod(&pod_config("ttyio", &shim.dir), &netns.path.display().to_string()).await?;
+    let (shim, _netns, holder) = DirectShim::with_pod(&id, "ttyio").await?;
 
     let cid = format!("{id}-cat");
     let (stdin, stdout) = (shim.dir.join("stdin"), shim.dir.join("stdout"));

@@ -90,6 +90,16 @@ impl DirectShim {
         })
     }
 
+    /// A started shim running a pod named `name` in a fresh test netns; returns the shim, the
+    /// netns (deleted on drop) and the sandbox pid.
+    pub async fn with_pod(id: &str, name: &str) -> Result<(DirectShim, TestNetns, u32)> {
+        let shim = DirectShim::start(id).await?;
+        let netns = TestNetns::new(&format!("crl-{}-{}", &name[..name.len().min(4)], std::process::id()))?;
+        let config = crate::cri::pod_config(name, &shim.dir);
+        let holder = shim.run_pod(&config, &netns.path.display().to_string()).await?;
+        Ok((shim, netns, holder))
+    }
+
     /// CreateSandbox and StartSandbox for `config` with CRI's `netns` ("" for the node's);
     /// returns the sandbox pid.
     pub async fn run_pod(&self, config: &k8s_cri::v1::PodSandboxConfig, netns: &str) -> Result<u32> {

@@ -116,13 +116,7 @@ impl Container {
             ),
             _ => (None, false),
         };
-        let stdio = Stdio {
-            stdin: req.stdin.clone(),
-            stdout: req.stdout.clone(),
-            stderr: req.stderr.clone(),
-            terminal: req.terminal,
-        };
-        stdio.validate()?;
+        let stdio = Stdio::checked(&req.stdin, &req.stdout, &req.stderr, req.terminal)?;
         let init = Arc::new(Process::new(&req.id, stdio));
 
         let rootfs_dir = bundle.join("rootfs");
@@ -271,13 +265,7 @@ impl Container {
             return Err(Error::invalid("spec.value: process.args is empty"));
         }
         check_terminal("spec.value", req.terminal, Some(&spec))?;
-        let stdio = Stdio {
-            stdin: req.stdin.clone(),
-            stdout: req.stdout.clone(),
-            stderr: req.stderr.clone(),
-            terminal: req.terminal,
-        };
-        stdio.validate()?;
+        let stdio = Stdio::checked(&req.stdin, &req.stdout, &req.stderr, req.terminal)?;
         let process = Arc::new(Process::new(&req.exec_id, stdio));
         let mut execs = self.execs.lock().unwrap();
         if execs.contains_key(&req.exec_id) {

@@ -78,6 +78,13 @@ pub struct Request {
 }
 
 impl Request {
+    /// The stdio of a Create or Exec request, checked.
+    pub fn checked(stdin: &str, stdout: &str, stderr: &str, terminal: bool) -> Result<Request> {
+        let req = Request { stdin: stdin.into(), stdout: stdout.into(), stderr: stderr.into(), terminal };
+        req.validate()?;
+        Ok(req)
+    }
+
     /// Checks every URI up front, so a bad one is refused before anything runs.
     pub fn validate(&self) -> Result<()> {
         target("stdin", &self.stdin)?;
