@@ -60,13 +60,15 @@ fn field_kib(text: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// utime + stime of a process, in ms (clock ticks of 10 ms).
+/// CPU time of a process (all its threads, live or gone), in ms, from its CPU-time clock: exact
+/// to the nanosecond, where /proc/<pid>/stat counts whole 10 ms ticks (a corral shim's CPU per
+/// pod is below one tick, so ticks read 0).
 fn cpu_ms(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    // After the comm: state is field 3; utime and stime are fields 14 and 15.
-    let ticks = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(14) + ticks(15)) * 10.0
+    let clock = nix::time::clock_getcpuclockid(nix::unistd::Pid::from_raw(pid as i32));
+    match clock.and_then(nix::time::clock_gettime) {
+        Ok(t) => t.tv_sec() as f64 * 1000.0 + t.tv_nsec() as f64 / 1e6,
+        Err(_) => 0.0,
+    }
 }
 
 /// RSS of one process, KiB.
