@@ -104,8 +104,8 @@ impl Default for Log {
 impl Config {
     /// Parses a config file's text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &Path) -> Result<Config> {
-        let config: Config = toml::from_str(text)
-            .map_err(|e| Error::invalid(format!("config {}: {}", origin.display(), e.message())))?;
+        let origin_name = origin.display().to_string();
+        let config = from_table(parse_table(text, &origin_name)?, &origin_name)?;
         config.validate(origin)?;
         Ok(config)
     }
@@ -126,9 +126,7 @@ impl Config {
             let overlay = parse_table(body, origin)?;
             merge(&mut table, overlay);
         }
-        let mut config: Config = toml::Value::Table(table).try_into().map_err(|e: toml::de::Error| {
-            Error::invalid(format!("config {}: {}", path.display(), e.message()))
-        })?;
+        let mut config = from_table(table, &path.display().to_string())?;
         if let Ok(binary) = std::env::var("CORRAL_RUNC") {
             config.runtime.binary = binary;
         }
@@ -174,10 +172,17 @@ impl Config {
 /// Parses TOML into a table, checking it against corral's schema so that an unknown key is named
 /// with the place it came from.
 fn parse_table(text: &str, origin: &str) -> Result<toml::Table> {
-    let invalid = |e: toml::de::Error| Error::invalid(format!("config {origin}: {}", e.message()));
-    let table: toml::Table = toml::from_str(text).map_err(invalid)?;
-    toml::Value::Table(table.clone()).try_into::<Config>().map_err(invalid)?;
+    let table: toml::Table = toml::from_str(text)
+        .map_err(|e: toml::de::Error| Error::invalid(format!("config {origin}: {}", e.message())))?;
+    from_table(table.clone(), origin)?;
     Ok(table)
+}
+
+/// The settings of a TOML table; an unknown key or a wrong type is named with `origin`.
+fn from_table(table: toml::Table, origin: &str) -> Result<Config> {
+    toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| Error::invalid(format!("config {origin}: {}", e.message())))
 }
 
 /// Lays `overlay` over `base`, key by key in nested tables.

@@ -30,20 +30,6 @@ impl Mode {
     /// Reads the host's cgroup layout. Hybrid hosts (v1 controllers plus an empty unified
     /// hierarchy) count as v1: that is where the controllers are.
     pub fn detect() -> Result<Mode> {
-        Self::read_host()
-    }
-
-    /// The host's layout, read once per process: it does not change under a running shim.
-    pub fn host() -> Result<&'static Mode> {
-        static HOST: std::sync::OnceLock<Mode> = std::sync::OnceLock::new();
-        if let Some(mode) = HOST.get() {
-            return Ok(mode);
-        }
-        let mode = Self::read_host()?;
-        Ok(HOST.get_or_init(|| mode))
-    }
-
-    fn read_host() -> Result<Mode> {
         let stat = nix::sys::statfs::statfs(CGROUP_ROOT).with_path("statfs", Path::new(CGROUP_ROOT))?;
         if stat.filesystem_type().0 as i64 == CGROUP2_SUPER_MAGIC {
             return Ok(Mode::V2(PathBuf::from(CGROUP_ROOT)));
@@ -52,6 +38,16 @@ impl Mode {
             .with_path("read", Path::new("/proc/self/mountinfo"))?;
         let known = std::fs::read_to_string("/proc/cgroups").with_path("read", Path::new("/proc/cgroups"))?;
         Ok(Mode::V1(parse_v1_mounts(&info, &controllers(&known))))
+    }
+
+    /// The host's layout, read once per process: it does not change under a running shim.
+    pub fn host() -> Result<&'static Mode> {
+        static HOST: std::sync::OnceLock<Mode> = std::sync::OnceLock::new();
+        if let Some(mode) = HOST.get() {
+            return Ok(mode);
+        }
+        let mode = Self::detect()?;
+        Ok(HOST.get_or_init(|| mode))
     }
 
     pub fn is_v2(&self) -> bool {

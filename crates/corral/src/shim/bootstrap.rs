@@ -26,12 +26,12 @@ pub fn parse_stdin(data: &[u8], id: &str) -> Result<StartInput> {
     }
     if let Ok(params) = BootstrapParams::parse_from_bytes(data) {
         if params.instance_id == id {
-            // The runtime options are one of the extensions; prefer corral's kind.
-            let extensions: Vec<&Any> = params.extensions.iter().filter_map(|e| e.value.as_ref()).collect();
-            let options = extensions
+            // The handler's options are one of the extensions.
+            let options = params
+                .extensions
                 .iter()
+                .filter_map(|e| e.value.as_ref())
                 .find(|a| a.type_url.ends_with("runtimeoptions.v1.Options"))
-                .or(extensions.first())
                 .map(|a| (a.type_url.clone(), a.value.clone()));
             return Ok(StartInput { socket_dir: params.socket_dir.clone(), options });
         }
