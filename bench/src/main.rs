@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use corral_rig::cri::{container_config, log_dir, pod_config, Cri};
+use corral_rig::cri::{container_config, Cri};
 use corral_rig::{Options, Rig};
 use measure::{PodProcesses, Usage};
 use report::{Figure, Report};
@@ -193,7 +193,7 @@ async fn run_pod(
     name: &str,
 ) -> Result<(String, k8s_cri::v1::PodSandboxConfig)> {
     let name = format!("{handler}-{name}");
-    let cfg = pod_config(&name, &log_dir(&rig.dir, &name));
+    let cfg = rig.pod_config(&name);
     Ok((cri.run_pod(&cfg, handler).await?, cfg))
 }
 
@@ -211,7 +211,7 @@ async fn parallel_pods(
         .map(|i| {
             let mut cri = cri.clone();
             let name = format!("{handler}-{tag}-{i}");
-            let cfg = pod_config(&name, &log_dir(&rig.dir, &name));
+            let cfg = rig.pod_config(&name);
             let handler = handler.to_string();
             let permits = permits.clone();
             tokio::spawn(async move {

@@ -9,7 +9,7 @@ use containerd_shim_protos::cgroups::metrics::Metrics as V1Metrics;
 use containerd_shim_protos::protobuf::Message;
 use containerd_shim_protos::sandbox_api::SandboxMetricsRequest;
 use containerd_shim_protos::sandbox_async::SandboxClient;
-use corral_rig::cri::{container_config, log_dir, pod_config};
+use corral_rig::cri::container_config;
 use corral_rig::{eventually, probe, Options, Rig};
 use k8s_cri::v1::{ContainerStatsRequest, LinuxContainerResources, PodSandboxStatsRequest};
 
@@ -30,7 +30,7 @@ async fn the_holder_lives_in_the_pod_cgroup_and_stats_report_the_pod() -> Result
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
     let parent = rig.cgroup_parent("cg");
-    let mut cfg = pod_config("cg", &log_dir(&rig.dir, "cg"));
+    let mut cfg = rig.pod_config("cg");
     let linux = cfg.linux.as_mut().unwrap();
     linux.cgroup_parent = parent.clone();
     linux.resources = Some(LinuxContainerResources {

@@ -3,7 +3,7 @@
 //! named.
 
 use anyhow::Result;
-use corral_rig::cri::{container_config, log_dir, pod_config};
+use corral_rig::cri::container_config;
 use corral_rig::{Options, Rig};
 
 fn config_file(name: &str, text: &str) -> Result<String> {
@@ -22,7 +22,7 @@ async fn settings_from_the_config_file_reach_the_pod() -> Result<()> {
     let rig =
         Rig::start(Options { shim_env: vec![format!("CORRAL_CONFIG={path}")], ..Default::default() }).await?;
     let mut cri = rig.cri().await?;
-    let cfg = pod_config("configured", &log_dir(&rig.dir, "configured"));
+    let cfg = rig.pod_config("configured");
     let pod = cri.run_pod(&cfg, "corral").await?;
     let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
     let (_, mounts, _) = cri.exec_sync(&c, &["grep", " /dev/shm ", "/proc/mounts"]).await?;
@@ -41,7 +41,7 @@ async fn a_bad_config_file_is_refused_naming_the_key() -> Result<()> {
     let rig =
         Rig::start(Options { shim_env: vec![format!("CORRAL_CONFIG={path}")], ..Default::default() }).await?;
     let mut cri = rig.cri().await?;
-    let cfg = pod_config("misconfigured", &log_dir(&rig.dir, "misconfigured"));
+    let cfg = rig.pod_config("misconfigured");
     let err = cri.run_pod(&cfg, "corral").await.expect_err("RunPodSandbox must fail").to_string();
     assert!(err.contains(&path) && err.contains("unknown field `shm`"), "{err}");
     std::fs::remove_file(path)?;
@@ -65,7 +65,7 @@ async fn a_handler_options_table_reaches_the_pod_and_a_bad_key_is_named() -> Res
     let rig = Rig::start(Options { extra_config: extra, ..Default::default() }).await?;
     let mut cri = rig.cri().await?;
 
-    let cfg = pod_config("optioned", &log_dir(&rig.dir, "optioned"));
+    let cfg = rig.pod_config("optioned");
     let pod = cri.run_pod(&cfg, "corral-opts").await?;
     // The pod's /dev/shm, mounted by corral on the host under the sandbox bundle.
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
@@ -76,7 +76,7 @@ async fn a_handler_options_table_reaches_the_pod_and_a_bad_key_is_named() -> Res
     assert!(shm.iter().any(|m| m.contains("size=24576k")), "pod shm mounts: {shm:?}");
     cri.stop_and_remove_pod(&pod).await?;
 
-    let cfg = pod_config("badly-optioned", &log_dir(&rig.dir, "badly-optioned"));
+    let cfg = rig.pod_config("badly-optioned");
     let err = cri.run_pod(&cfg, "corral-badopts").await.expect_err("RunPodSandbox must fail").to_string();
     assert!(err.contains("runtime options") && err.contains("unknown field `shm`"), "{err}");
     Ok(())

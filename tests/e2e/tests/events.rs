@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Result;
-use corral_rig::cri::{container_config, log_dir, pod_config};
+use corral_rig::cri::container_config;
 use corral_rig::{eventually, Options, Rig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -22,7 +22,7 @@ async fn task_events_reach_a_real_subscriber() -> Result<()> {
         .spawn()?;
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let cfg = pod_config("events", &log_dir(&rig.dir, "events"));
+    let cfg = rig.pod_config("events");
     let pod = cri.run_pod(&cfg, "corral").await?;
     let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
     cri.exec_sync(&c, &["true"]).await?;

@@ -2,14 +2,14 @@
 //! output, exit codes, and that the exec runs in the container's (and so the pod's) namespaces.
 
 use anyhow::Result;
-use corral_rig::cri::{container_config, log_dir, pod_config};
+use corral_rig::cri::container_config;
 use corral_rig::{Options, Rig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_sync_returns_output_and_exit_codes_inside_the_pod() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
-    let cfg = pod_config("execs", &log_dir(&rig.dir, "execs"));
+    let cfg = rig.pod_config("execs");
     let pod = cri.run_pod(&cfg, "corral").await?;
     let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
 

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use corral_rig::cri::{container_config, container_ns, log_dir, pod_config, pod_ns};
+use corral_rig::cri::{container_config, container_ns, pod_ns};
 use corral_rig::{eventually, probe, Options, Rig};
 use k8s_cri::v1::NamespaceMode;
 
@@ -18,7 +18,7 @@ async fn in_a_shared_pid_namespace_the_init_takes_its_children_and_sigterm_is_14
     let mut cri = rig.cri().await?;
     for (i, handler) in ["corral", "runc"].into_iter().enumerate() {
         let name = format!("exits-{handler}");
-        let mut cfg = pod_config(&name, &log_dir(&rig.dir, &name));
+        let mut cfg = rig.pod_config(&name);
         pod_ns(&mut cfg).pid = NamespaceMode::Pod as i32;
         let shared = |script: &str, name: &str| {
             let mut c = container_config(name, script);
@@ -50,7 +50,7 @@ async fn in_a_shared_pid_namespace_the_init_takes_its_children_and_sigterm_is_14
 async fn pids_lists_the_container_processes_and_marks_execs() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
-    let cfg = pod_config("pids", &log_dir(&rig.dir, "pids"));
+    let cfg = rig.pod_config("pids");
     let pod = cri.run_pod(&cfg, "corral").await?;
     let marker = format!("{}", 400_000 + std::process::id());
     let c = cri
@@ -109,7 +109,7 @@ fn zombie_children_of(parent: u32) -> Vec<u32> {
 async fn orphans_of_a_host_pid_container_are_reaped_by_the_shim() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
-    let mut cfg = pod_config("orphans", &log_dir(&rig.dir, "orphans"));
+    let mut cfg = rig.pod_config("orphans");
     pod_ns(&mut cfg).pid = NamespaceMode::Node as i32;
     let pod = cri.run_pod(&cfg, "corral").await?;
     let shim = probe::shim_of(&pod).expect("the pod's shim");

@@ -113,7 +113,7 @@ fn daemonset_pod_template() -> Result<serde_json::Value> {
 /// it installs the shim and the handler, and its preStop hook removes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_installer_image_installs_and_its_prestop_uninstalls() -> Result<()> {
-    use corral_rig::cri::{container_config, log_dir, pod_config, pod_ns};
+    use corral_rig::cri::{container_config, pod_ns};
     use k8s_cri::v1::{ImageSpec, KeyValue, Mount, NamespaceMode};
 
     let rig = corral_rig::Rig::start(corral_rig::Options::default()).await?;
@@ -138,7 +138,7 @@ async fn the_installer_image_installs_and_its_prestop_uninstalls() -> Result<()>
     let host = host_with(V3, "image")?;
     let restarts = host.join("restarts");
     let mut cri = rig.cri().await?;
-    let mut cfg = pod_config("corral-deploy", &log_dir(&rig.dir, "corral-deploy"));
+    let mut cfg = rig.pod_config("corral-deploy");
     assert_eq!(template["hostPID"], true);
     pod_ns(&mut cfg).pid = NamespaceMode::Node as i32;
     cfg.linux.as_mut().unwrap().security_context.as_mut().unwrap().privileged = true;

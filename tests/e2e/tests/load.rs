@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use corral_rig::cri::{container_config, log_dir, pod_config};
+use corral_rig::cri::container_config;
 use corral_rig::{eventually, probe, Options, Rig};
 
 fn count(dir: impl AsRef<Path>) -> usize {
@@ -62,7 +62,7 @@ async fn pod_cycles_under_load_leave_nothing() -> Result<()> {
         async move {
             let mut cri = rig.cri().await?;
             let name = format!("load{i}");
-            let mut cfg = pod_config(&name, &log_dir(&rig.dir, &name));
+            let mut cfg = rig.pod_config(&name);
             cfg.linux.as_mut().unwrap().cgroup_parent = rig.cgroup_parent(&name);
             let pod = cri.run_pod(&cfg, "corral").await?;
             let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;

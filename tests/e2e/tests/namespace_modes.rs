@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use corral_rig::cri::{container_config, container_ns, log_dir, pod_config, pod_ns};
+use corral_rig::cri::{container_config, container_ns, pod_ns};
 use corral_rig::{eventually, probe, Options, Rig};
 use k8s_cri::v1::{ContainerConfig, NamespaceMode, PodSandboxConfig};
 
@@ -27,7 +27,7 @@ fn state_of(pid: u32) -> char {
 async fn a_shared_pid_namespace_has_the_holder_as_pid_1_reaping_orphans() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
-    let mut cfg = pod_config("shared-pid", &log_dir(&rig.dir, "shared-pid"));
+    let mut cfg = rig.pod_config("shared-pid");
     set_modes(&mut cfg, NamespaceMode::Pod, NamespaceMode::Pod);
     let pod = cri.run_pod(&cfg, "corral").await?;
 
@@ -71,7 +71,7 @@ async fn a_shared_pid_namespace_has_the_holder_as_pid_1_reaping_orphans() -> Res
 async fn host_ipc_uses_the_node_ipc_namespace_and_dev_shm() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
-    let mut cfg = pod_config("host-ipc", &log_dir(&rig.dir, "host-ipc"));
+    let mut cfg = rig.pod_config("host-ipc");
     set_modes(&mut cfg, NamespaceMode::Container, NamespaceMode::Node);
     let pod = cri.run_pod(&cfg, "corral").await?;
     let mut c = container_config("app", "exec sleep 1000");
@@ -103,7 +103,7 @@ async fn target_pid_mode_joins_another_container_and_host_pid_uses_the_node() ->
     let mut cri = rig.cri().await?;
 
     // TARGET (ephemeral containers): b joins a's pid namespace.
-    let cfg = pod_config("target", &log_dir(&rig.dir, "target"));
+    let cfg = rig.pod_config("target");
     let pod = cri.run_pod(&cfg, "corral").await?;
     let a = cri.run_container(&pod, &cfg, &container_config("a", "exec sleep 1000")).await?;
     let mut b = container_config("b", "exec sleep 1001");
@@ -117,7 +117,7 @@ async fn target_pid_mode_joins_another_container_and_host_pid_uses_the_node() ->
     cri.stop_and_remove_pod(&pod).await?;
 
     // hostPID: the holder stays in the node's pid namespace, and so do NODE-mode containers.
-    let mut cfg = pod_config("host-pid", &log_dir(&rig.dir, "host-pid"));
+    let mut cfg = rig.pod_config("host-pid");
     set_modes(&mut cfg, NamespaceMode::Node, NamespaceMode::Pod);
     let pod = cri.run_pod(&cfg, "corral").await?;
     let mut c = container_config("app", "exec sleep 1000");
@@ -135,7 +135,7 @@ async fn target_pid_mode_joins_another_container_and_host_pid_uses_the_node() ->
 async fn the_holder_tries_to_be_the_last_oom_victim_and_a_refusal_does_not_fail_the_pod() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
-    let cfg = pod_config("oom-adj", &log_dir(&rig.dir, "oom-adj"));
+    let cfg = rig.pod_config("oom-adj");
     let pod = cri.run_pod(&cfg, "corral").await?;
     let holder = probe::holder_of(&pod).context("holder")?;
     let adj: i32 = std::fs::read_to_string(format!("/proc/{holder}/oom_score_adj"))?.trim().parse()?;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use corral_rig::cri::{container_config, log_dir, pod_config};
+use corral_rig::cri::container_config;
 use corral_rig::{Options, Rig};
 use k8s_cri::v1::LinuxContainerResources;
 
@@ -12,7 +12,7 @@ use k8s_cri::v1::LinuxContainerResources;
 async fn a_container_over_its_memory_limit_is_reported_oom_killed() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
-    let mut cfg = pod_config("oom", &log_dir(&rig.dir, "oom"));
+    let mut cfg = rig.pod_config("oom");
     cfg.linux.as_mut().unwrap().cgroup_parent = rig.cgroup_parent("oom");
     let pod = cri.run_pod(&cfg, "corral").await?;
 

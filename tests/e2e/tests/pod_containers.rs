@@ -20,7 +20,7 @@ fn shim_pids(sandbox: &str) -> Vec<i32> {
 async fn a_container_exit_code_is_reported() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
-    let cfg = pod_config("exits", &log_dir(&rig.dir, "exits"));
+    let cfg = rig.pod_config("exits");
     let pod = cri.run_pod(&cfg, HANDLER).await?;
 
     let c = cri.run_container(&pod, &cfg, &container_config("three", "echo bye; exit 3")).await?;
@@ -75,8 +75,7 @@ async fn a_container_is_replaced_in_the_same_pod_without_the_shim_exiting() -> R
 async fn a_second_pod_runs_beside_the_first_in_its_own_namespaces() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
-    let (cfg_a, cfg_b) =
-        (pod_config("alpha", &log_dir(&rig.dir, "alpha")), pod_config("beta", &log_dir(&rig.dir, "beta")));
+    let (cfg_a, cfg_b) = (rig.pod_config("alpha"), rig.pod_config("beta"));
     let a = cri.run_pod(&cfg_a, HANDLER).await?;
     let ca = cri.run_container(&a, &cfg_a, &container_config("app", "exec sleep 1000")).await?;
     let b = cri.run_pod(&cfg_b, HANDLER).await?;

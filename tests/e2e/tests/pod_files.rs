@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use corral_rig::cri::{container_config, log_dir, pod_config, Cri};
+use corral_rig::cri::{container_config, Cri};
 use corral_rig::{Options, Rig};
 use k8s_cri::v1::DnsConfig;
 
@@ -22,7 +22,7 @@ struct Seen {
 
 async fn observe(rig: &Rig, cri: &mut Cri, handler: &str) -> Result<Seen> {
     let name = format!("files-{handler}");
-    let mut cfg = pod_config(&name, &log_dir(&rig.dir, &name));
+    let mut cfg = rig.pod_config(&name);
     cfg.dns_config = Some(DnsConfig {
         servers: vec!["10.96.0.10".into()],
         searches: vec!["default.svc.cluster.local".into(), "svc.cluster.local".into()],
@@ -101,7 +101,7 @@ async fn the_pod_shm_size_is_configurable() -> Result<()> {
     let rig =
         Rig::start(Options { shim_env: vec!["CORRAL_SHM_SIZE=16Mi".into()], ..Default::default() }).await?;
     let mut cri = rig.cri().await?;
-    let cfg = pod_config("shm-size", &log_dir(&rig.dir, "shm-size"));
+    let cfg = rig.pod_config("shm-size");
     let pod = cri.run_pod(&cfg, "corral").await?;
     let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
     let (_, mounts, _) = cri.exec_sync(&c, &["grep", " /dev/shm ", "/proc/mounts"]).await?;

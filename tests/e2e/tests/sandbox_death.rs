@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use corral_rig::cri::{container_config, log_dir, pod_config};
+use corral_rig::cri::container_config;
 use corral_rig::{eventually, probe, Options, Rig};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -14,7 +14,7 @@ use nix::unistd::Pid;
 async fn a_killed_holder_ends_the_pod_and_kubelet_recreates_it() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
-    let mut cfg = pod_config("phoenix", &log_dir(&rig.dir, "phoenix"));
+    let mut cfg = rig.pod_config("phoenix");
     let old = cri.run_pod(&cfg, "corral").await?;
     let c = cri.run_container(&old, &cfg, &container_config("app", "exec sleep 1000")).await?;
 

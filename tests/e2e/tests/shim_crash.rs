@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use corral_rig::cri::{container_config, log_dir, pod_config};
+use corral_rig::cri::container_config;
 use corral_rig::{eventually, probe, Options, Rig};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -13,7 +13,7 @@ use nix::unistd::Pid;
 async fn a_killed_shim_is_cleaned_up_by_delete_and_the_pod_goes_notready() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
-    let cfg = pod_config("crash", &log_dir(&rig.dir, "crash"));
+    let cfg = rig.pod_config("crash");
     let pod = cri.run_pod(&cfg, "corral").await?;
     let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
     let init = cri.container_pid(&c).await?;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Result;
-use corral_rig::cri::{container_config, log_dir, pod_config, Cri};
+use corral_rig::cri::{container_config, Cri};
 use corral_rig::{eventually, probe, Options, Rig};
 
 const KEYS: [&str; 4] = [
@@ -21,7 +21,7 @@ fn host_values() -> Vec<String> {
 
 async fn values_in_pod(rig: &Rig, cri: &mut Cri, handler: &str) -> Result<Vec<String>> {
     let name = format!("sysctl-{handler}");
-    let mut cfg = pod_config(&name, &log_dir(&rig.dir, &name));
+    let mut cfg = rig.pod_config(&name);
     cfg.linux.as_mut().unwrap().sysctls = HashMap::from([
         ("net.ipv4.ip_local_port_range".to_string(), "20000 30000".to_string()),
         ("kernel.shmmni".to_string(), "2048".to_string()),
@@ -70,7 +70,7 @@ async fn a_host_level_sysctl_is_refused_naming_the_key_and_nothing_is_left() -> 
         ("kernel.panic", "1", "not a namespaced sysctl"),
         ("net.ipv4.ip_forward", "1\n0", "control characters"),
     ] {
-        let mut cfg = pod_config("refused", &log_dir(&rig.dir, "refused"));
+        let mut cfg = rig.pod_config("refused");
         cfg.linux.as_mut().unwrap().sysctls = HashMap::from([(key.to_string(), value.to_string())]);
         let err = cri.run_pod(&cfg, "corral").await.expect_err("RunPodSandbox must fail").to_string();
         assert!(err.contains(&format!("sysctls[{key:?}]")) && err.contains(why), "{err}");

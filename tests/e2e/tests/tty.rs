@@ -37,7 +37,7 @@ async fn exec_with_a_tty_resizes_and_returns_the_exit_code_like_the_runc_shim() 
     let mut cri = rig.cri().await?;
     for handler in ["corral", "runc"] {
         let name = format!("tty-exec-{handler}");
-        let cfg = pod_config(&name, &log_dir(&rig.dir, &name));
+        let cfg = rig.pod_config(&name);
         let pod = cri.run_pod(&cfg, handler).await?;
         let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
 

@@ -5,7 +5,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 use anyhow::{Context, Result};
-use corral_rig::cri::{log_dir, pod_config, pod_ns};
+use corral_rig::cri::pod_ns;
 use corral_rig::{probe, Options, Rig};
 use k8s_cri::v1::{IdMapping, NamespaceMode, UserNamespace};
 
@@ -24,7 +24,7 @@ fn owner_inode(path: &str) -> Result<u64> {
 async fn a_pod_user_namespace_owns_the_pod_namespaces() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
-    let mut cfg = pod_config("userns", &log_dir(&rig.dir, "userns"));
+    let mut cfg = rig.pod_config("userns");
     let map = || vec![IdMapping { host_id: 200_000, container_id: 0, length: 65_536 }];
     pod_ns(&mut cfg).userns_options =
         Some(UserNamespace { mode: NamespaceMode::Pod as i32, uids: map(), gids: map() });

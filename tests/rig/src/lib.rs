@@ -216,6 +216,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
         Ok(())
     }
 
+    /// A kubelet-like pod config named `name`, logging under this rig's log directory.
+    pub fn pod_config(&self, name: &str) -> k8s_cri::v1::PodSandboxConfig {
+        cri::pod_config(name, &cri::log_dir(&self.dir, name))
+    }
+
     /// Runs `ctr` against this instance in namespace k8s.io; returns stdout.
     pub fn ctr(&self, args: &[&str]) -> Result<String> {
         let out = Command::new("ctr")
