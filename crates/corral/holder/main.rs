@@ -3,9 +3,11 @@
 //! embeds it in the shim, which runs it from a memfd.
 //!
 //! It reads a spec on stdin (see `src/holder/protocol.rs`), joins and creates the pod's
-//! namespaces, sets hostname and sysctls, reports `R<pid>` (or the failed step) on stdout, then
-//! waits for signals: it reaps orphans (as pid 1 of a pod PID namespace) and exits on
-//! SIGTERM/SIGINT/SIGHUP. Everything here runs single-threaded.
+//! namespaces, sets hostname and sysctls, then confines itself (see [`confine`]: an empty
+//! read-only root in a mount namespace of its own, no capabilities, no_new_privs, not dumpable,
+//! a seccomp filter), reports `R<pid>` (or the failed step) on stdout, and waits for signals: it
+//! reaps orphans (as pid 1 of a pod PID namespace) and exits on SIGTERM/SIGINT/SIGHUP.
+//! Everything here runs single-threaded.
 
 #![no_std]
 #![no_main]
@@ -23,36 +25,62 @@ mod nr {
     pub const WRITE: usize = 1;
     pub const CLOSE: usize = 3;
     pub const RT_SIGPROCMASK: usize = 14;
+    pub const RT_SIGRETURN: usize = 15;
     pub const IOCTL: usize = 16;
     pub const GETPID: usize = 39;
     pub const CLONE: usize = 56;
+    pub const EXIT: usize = 60;
     pub const WAIT4: usize = 61;
+    pub const CHDIR: usize = 80;
+    pub const CAPSET: usize = 126;
     pub const RT_SIGTIMEDWAIT: usize = 128;
+    pub const PIVOT_ROOT: usize = 155;
+    pub const PRCTL: usize = 157;
+    pub const MOUNT: usize = 165;
+    pub const UMOUNT2: usize = 166;
     pub const SETHOSTNAME: usize = 170;
+    pub const RESTART_SYSCALL: usize = 219;
     pub const EXIT_GROUP: usize = 231;
     pub const OPENAT: usize = 257;
     pub const UNSHARE: usize = 272;
     pub const DUP3: usize = 292;
     pub const SETNS: usize = 308;
+    pub const SECCOMP: usize = 317;
+    pub const CLOSE_RANGE: usize = 436;
+    /// AUDIT_ARCH_X86_64, what seccomp sees as this architecture.
+    pub const AUDIT_ARCH: u32 = 0xc000_003e;
 }
 
 #[cfg(target_arch = "aarch64")]
 mod nr {
     pub const DUP3: usize = 24;
     pub const IOCTL: usize = 29;
+    pub const UMOUNT2: usize = 39;
+    pub const MOUNT: usize = 40;
+    pub const PIVOT_ROOT: usize = 41;
+    pub const CHDIR: usize = 49;
     pub const OPENAT: usize = 56;
     pub const CLOSE: usize = 57;
     pub const READ: usize = 63;
     pub const WRITE: usize = 64;
+    pub const CAPSET: usize = 91;
+    pub const EXIT: usize = 93;
     pub const EXIT_GROUP: usize = 94;
     pub const UNSHARE: usize = 97;
+    pub const RESTART_SYSCALL: usize = 128;
     pub const RT_SIGPROCMASK: usize = 135;
     pub const RT_SIGTIMEDWAIT: usize = 137;
+    pub const RT_SIGRETURN: usize = 139;
     pub const SETHOSTNAME: usize = 161;
+    pub const PRCTL: usize = 167;
     pub const GETPID: usize = 172;
     pub const CLONE: usize = 220;
     pub const WAIT4: usize = 260;
     pub const SETNS: usize = 268;
+    pub const SECCOMP: usize = 277;
+    pub const CLOSE_RANGE: usize = 436;
+    /// AUDIT_ARCH_AARCH64, what seccomp sees as this architecture.
+    pub const AUDIT_ARCH: u32 = 0xc000_00b7;
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -95,6 +123,20 @@ const CLONE_NEWUTS: usize = 0x0400_0000;
 const CLONE_NEWPID: usize = 0x2000_0000;
 const CLONE_NEWNET: usize = 0x4000_0000;
 const CLONE_NEWUSER: usize = 0x1000_0000;
+const CLONE_NEWNS: usize = 0x0002_0000;
+const MS_RDONLY: usize = 1;
+const MS_NOSUID: usize = 2;
+const MS_NODEV: usize = 4;
+const MS_NOEXEC: usize = 8;
+const MS_REC: usize = 0x4000;
+const MS_PRIVATE: usize = 1 << 18;
+const MNT_DETACH: usize = 2;
+const PR_SET_DUMPABLE: usize = 4;
+const PR_SET_NAME: usize = 15;
+const PR_CAPBSET_DROP: usize = 24;
+const PR_SET_NO_NEW_PRIVS: usize = 38;
+const PR_CAP_AMBIENT: usize = 47;
+const PR_CAP_AMBIENT_CLEAR_ALL: usize = 4;
 const SIGCHLD: usize = 17;
 const WNOHANG: usize = 1;
 const NS_GET_USERNS: usize = 0xb701;
@@ -213,13 +255,135 @@ fn enter_pod(spec: &protocol::Spec<'_>) {
     }
 }
 
-/// Points stdio at /dev/null so the parent's pipes see EOF and nothing is held open.
-fn detach_stdio() {
-    let null = open(b"/dev/null", O_RDWR);
+/// Closes every fd but stdio: whatever the parent forgot to mark close-on-exec (a listening
+/// socket, a pipe) must not live on in the pod for as long as the pod does.
+fn close_inherited_fds() {
+    if syscall(nr::CLOSE_RANGE, [3, u32::MAX as usize, 0, 0, 0]) < 0 {
+        // Before Linux 5.9: one by one, up to a limit no spawn of corral's reaches.
+        for fd in 3..1024 {
+            syscall(nr::CLOSE, [fd, 0, 0, 0, 0]);
+        }
+    }
+}
+
+/// Takes away everything the holder does not need to hold namespaces and reap children, so that
+/// a container that can see it (pid 1 of a shared PID namespace) sees nothing of the node and
+/// can use nothing of its privileges. The pause container gets the same from runc.
+fn confine() {
+    // comm is otherwise the memfd's fd number the holder was executed from.
+    syscall(nr::PRCTL, [PR_SET_NAME, b"corral-holder\0".as_ptr() as usize, 0, 0, 0]);
+    confine_mounts();
+    // The bounding and ambient sets first (dropping needs CAP_SETPCAP), then the rest.
+    for cap in 0..64 {
+        syscall(nr::PRCTL, [PR_CAPBSET_DROP, cap, 0, 0, 0]); // EINVAL past the last cap
+    }
+    check(protocol::STEP_CONFINE, 1, syscall(nr::PRCTL, [PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0]));
+    let header: [u32; 2] = [0x2008_0522, 0]; // _LINUX_CAPABILITY_VERSION_3, this thread
+    let data = [0u32; 6]; // effective, permitted, inheritable, twice (64 bits)
+    check(
+        protocol::STEP_CONFINE,
+        2,
+        syscall(nr::CAPSET, [header.as_ptr() as usize, data.as_ptr() as usize, 0, 0, 0]),
+    );
+    check(protocol::STEP_CONFINE, 3, syscall(nr::PRCTL, [PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0]));
+    // Not dumpable: /proc/<pid>/{root,cwd,fd,environ,mem} need CAP_SYS_PTRACE on the node, which
+    // containerd and corral have and a container does not.
+    check(protocol::STEP_CONFINE, 4, syscall(nr::PRCTL, [PR_SET_DUMPABLE, 0, 0, 0, 0]));
+    install_seccomp();
+}
+
+/// A mount namespace of the holder's own whose only mount is an empty read-only tmpfs as `/`:
+/// /proc/<holder>/root and /proc/<holder>/mountinfo then show nothing of the node.
+fn confine_mounts() {
+    let step = protocol::STEP_CONFINE;
+    check(step, 5, syscall(nr::UNSHARE, [CLONE_NEWNS, 0, 0, 0, 0]));
+    // Nothing done below may propagate back to the node's mounts.
+    check(step, 6, syscall(nr::MOUNT, [0, b"/\0".as_ptr() as usize, 0, MS_REC | MS_PRIVATE, 0]));
+    // /proc exists on every node corral runs on (it reads /proc/<pid>/ns); the tmpfs covers it
+    // in this namespace only and becomes the root.
+    let flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC;
+    let (fs, dir, data) = (b"tmpfs\0", b"/proc\0", b"size=4k,nr_inodes=1,mode=0555\0");
+    check(
+        step,
+        7,
+        syscall(nr::MOUNT, [fs.as_ptr() as usize, dir.as_ptr() as usize, fs.as_ptr() as usize, flags, data.as_ptr() as usize]),
+    );
+    check(step, 8, syscall(nr::CHDIR, [dir.as_ptr() as usize, 0, 0, 0, 0]));
+    // pivot_root(".", ".") stacks the old root on the new one; detaching it leaves the tmpfs.
+    let dot = b".\0".as_ptr() as usize;
+    check(step, 9, syscall(nr::PIVOT_ROOT, [dot, dot, 0, 0, 0]));
+    check(step, 10, syscall(nr::UMOUNT2, [dot, MNT_DETACH, 0, 0, 0]));
+    check(step, 11, syscall(nr::CHDIR, [b"/\0".as_ptr() as usize, 0, 0, 0, 0]));
+}
+
+/// One classic-BPF instruction, `struct sock_filter`: code, jump if true, jump if false, k.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Insn(u16, u8, u8, u32);
+
+/// `struct sock_fprog`.
+#[repr(C)]
+struct Fprog {
+    len: u16,
+    filter: *const Insn,
+}
+
+/// Allows the few system calls the holder makes from here on (report, fork pid 1, point stdio
+/// at /dev/null, wait for signals and children, exit); any other fails with EPERM. A foreign
+/// architecture's calls (x32, i386 entry points) kill it.
+fn install_seccomp() {
+    const LD_W_ABS: u16 = 0x20;
+    const JEQ_K: u16 = 0x15;
+    const RET_K: u16 = 0x06;
+    const ALLOW: u32 = 0x7fff_0000;
+    const KILL_PROCESS: u32 = 0x8000_0000;
+    const ERRNO_EPERM: u32 = 0x0005_0001;
+    const SECCOMP_SET_MODE_FILTER: usize = 1;
+    let allowed = [
+        nr::WRITE,
+        nr::CLOSE,
+        nr::DUP3,
+        nr::CLONE,
+        nr::GETPID,
+        nr::WAIT4,
+        nr::RT_SIGTIMEDWAIT,
+        nr::RT_SIGRETURN,
+        nr::RESTART_SYSCALL,
+        nr::EXIT,
+        nr::EXIT_GROUP,
+    ];
+    let mut filter = [Insn(0, 0, 0, 0); 32];
+    let mut n = 0;
+    let mut push = |insn: Insn| {
+        filter[n] = insn;
+        n += 1;
+    };
+    push(Insn(LD_W_ABS, 0, 0, 4)); // seccomp_data.arch
+    push(Insn(JEQ_K, 1, 0, nr::AUDIT_ARCH));
+    push(Insn(RET_K, 0, 0, KILL_PROCESS));
+    push(Insn(LD_W_ABS, 0, 0, 0)); // seccomp_data.nr
+    for (i, call) in allowed.iter().enumerate() {
+        // Equal: jump over the remaining tests and the EPERM to the ALLOW at the end.
+        push(Insn(JEQ_K, (allowed.len() - i) as u8, 0, *call as u32));
+    }
+    push(Insn(RET_K, 0, 0, ERRNO_EPERM));
+    push(Insn(RET_K, 0, 0, ALLOW));
+    let prog = Fprog { len: n as u16, filter: filter.as_ptr() };
+    check(
+        protocol::STEP_CONFINE,
+        12,
+        syscall(nr::SECCOMP, [SECCOMP_SET_MODE_FILTER, 0, &prog as *const Fprog as usize, 0, 0]),
+    );
+}
+
+/// Points stdio at `null` (opened before the root went away) so the parent's pipes see EOF and
+/// nothing of the node is held open.
+fn detach_stdio(null: isize) {
     if null >= 0 {
         for fd in 0..3 {
             syscall(nr::DUP3, [null as usize, fd, 0, 0, 0]);
         }
+        syscall(nr::CLOSE, [null as usize, 0, 0, 0, 0]);
     }
 }
 
@@ -250,6 +414,7 @@ fn wait_forever() -> ! {
 
 #[no_mangle]
 extern "C" fn holder_main() -> ! {
+    close_inherited_fds();
     let mut buf = [0u8; 32 * 1024];
     let mut len = 0;
     loop {
@@ -270,17 +435,20 @@ extern "C" fn holder_main() -> ! {
     let set = WAITED;
     check(protocol::STEP_SIGNALS, 0, syscall(nr::RT_SIGPROCMASK, [0, &set as *const u64 as usize, 0, 8, 0]));
     enter_pod(&spec);
+    // Opened now: after `confine` there is no /dev to open it from.
+    let null = open(b"/dev/null", O_RDWR);
+    confine();
     if spec.new_pid {
         let child = check(protocol::STEP_FORK, 0, syscall(nr::CLONE, [SIGCHLD, 0, 0, 0, 0]));
         if child > 0 {
             report_ready(child);
             exit(0);
         }
-        detach_stdio();
+        detach_stdio(null);
         wait_forever();
     }
     report_ready(syscall(nr::GETPID, [0; 5]));
-    detach_stdio();
+    detach_stdio(null);
     wait_forever()
 }
 

@@ -34,6 +34,9 @@ pub const STEP_UNSHARE: u8 = b'x';
 pub const STEP_HOSTNAME: u8 = b'h';
 pub const STEP_SYSCTL: u8 = b's';
 pub const STEP_FORK: u8 = b'f';
+/// Confining itself (mount namespace, capabilities, no_new_privs, seccomp); the index says which
+/// call.
+pub const STEP_CONFINE: u8 = b'c';
 
 /// The decoded spec; strings borrow from the input buffer.
 #[derive(Default)]

@@ -7,6 +7,7 @@
 
 use std::io::Write;
 use std::os::fd::FromRawFd;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,11 +19,12 @@ use super::args::Args;
 use super::start::{LISTEN_FD, READY_FD};
 use crate::error::{Error, IoContext, Result};
 use crate::events::Publisher;
-use crate::pod::files::PodPaths;
+use crate::pod::files::state_file;
 use crate::pod::persist::Record;
 use crate::service::sandbox::SandboxService;
 use crate::service::task::TaskService;
 use crate::service::Shim;
+use crate::sys::process::ProcessId;
 use crate::task::runc::Runc;
 
 pub fn run(args: &Args) -> Result<()> {
@@ -60,17 +62,17 @@ async fn serve(args: &Args, config: &'static crate::config::Config) -> Result<()
     std::fs::create_dir_all(&runc.root).with_path("create runc root", &runc.root)?;
     // A first record, before any pod exists: if CreateSandbox fails, containerd's `delete` still
     // finds this server and its socket. The pod's record replaces it.
+    let me = ProcessId::current();
     Record {
         sandbox_id: args.id.clone(),
-        server_pid: std::process::id() as i32,
+        server_pid: me.pid,
+        server_start: me.start,
         socket: args.socket.clone(),
-        holder_pid: 0,
-        cgroup: None,
         runc_binary: runc.binary.clone(),
         runc_root: runc.root.clone(),
-        containers: Vec::new(),
+        ..Record::default()
     }
-    .save(&PodPaths::new(".").state_file())?;
+    .save(&state_file(Path::new(".")))?;
     let shim = Shim::new(config, args.namespace.clone(), runc, args.socket.clone(), events);
 
     let tasks = Arc::new(TaskService { shim: shim.clone() });
@@ -81,6 +83,13 @@ async fn serve(args: &Args, config: &'static crate::config::Config) -> Result<()
     }
     services.extend(create_sandbox(Arc::new(SandboxService { shim: shim.clone() })));
 
+    // `start` had to hand the listener over without close-on-exec; set it again so that runc,
+    // the holder and logging programs do not inherit it (a child holding it would keep the
+    // socket accepting after this server died, and containerd's reconnect would hang).
+    // SAFETY: fcntl on an fd number with integer arguments only.
+    if unsafe { libc::fcntl(LISTEN_FD, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        return Err(Error::io("mark the listener close-on-exec", std::io::Error::last_os_error()));
+    }
     // SAFETY: `start` placed a listening unix socket on LISTEN_FD for this process alone.
     let server = unsafe { ttrpc::asynchronous::Server::new().add_unix_listener(LISTEN_FD) }
         .map_err(|e| Error::invalid(format!("listener on fd {LISTEN_FD}: {e}")))?;

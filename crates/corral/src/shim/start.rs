@@ -24,8 +24,10 @@ pub const LISTEN_FD: i32 = 3;
 pub const READY_FD: i32 = 4;
 
 /// A stable socket path for (containerd address, namespace, id), like containerd's own shims.
+/// The parts are joined with a NUL, which none of them can contain, so distinct triples never
+/// hash the same input ("ab"+"c" and "a"+"bc" would without a separator).
 pub fn socket_path(dir: &Path, address: &str, namespace: &str, id: &str) -> PathBuf {
-    let digest = Sha256::digest(format!("{address}{namespace}{id}").as_bytes());
+    let digest = Sha256::digest(format!("{address}\0{namespace}\0{id}").as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     dir.join(hex)
 }
@@ -168,5 +170,10 @@ mod tests {
         );
         assert_ne!(a, b);
         assert!(a.as_os_str().len() < 108, "unix socket paths are limited to 107 bytes");
+        // Without a separator these two would hash the same string.
+        assert_ne!(
+            socket_path(Path::new(SOCKET_DIR), "/a.sock", "k8s", "io-x"),
+            socket_path(Path::new(SOCKET_DIR), "/a.sock", "k8si", "o-x")
+        );
     }
 }
