@@ -24,6 +24,7 @@
 //! [pod]
 //! shm_size = "64Mi"            # each pod's /dev/shm
 //! default_sysctls = true       # containerd's unprivileged-port and ping defaults
+//! files_root = "/var/lib/corral/pods"  # pods' hostname/hosts/resolv.conf, on disk (not /run)
 //! [log]
 //! level = "info"               # a tracing filter; containerd's -debug raises it to debug
 //! [cgroup]
@@ -60,6 +61,8 @@ pub struct Runtime {
 pub struct Pod {
     pub shm_size: String,
     pub default_sysctls: bool,
+    /// Each pod's files go to `<files_root>/<namespace>/<sandbox id>`.
+    pub files_root: PathBuf,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -91,7 +94,11 @@ impl Default for Runtime {
 
 impl Default for Pod {
     fn default() -> Self {
-        Pod { shm_size: "64Mi".into(), default_sysctls: true }
+        Pod {
+            shm_size: "64Mi".into(),
+            default_sysctls: true,
+            files_root: PathBuf::from(crate::pod::files::FILES_ROOT),
+        }
     }
 }
 
@@ -153,6 +160,13 @@ impl Config {
                 "config {}: log.level: {:?} is not a level or target=level list: {e}",
                 origin.display(),
                 self.log.level
+            )));
+        }
+        if !self.pod.files_root.is_absolute() || self.pod.files_root.parent().is_none() {
+            return Err(Error::invalid(format!(
+                "config {}: pod.files_root: {:?} is not an absolute directory below /",
+                origin.display(),
+                self.pod.files_root
             )));
         }
         if self.runtime.binary.is_empty() || !self.runtime.root.is_absolute() {
@@ -277,7 +291,7 @@ mod tests {
     #[test]
     fn parses_every_key_and_defaults_the_rest() {
         let c = Config::parse(
-            "[runtime]\nbinary = \"crun\"\n[pod]\nshm_size = \"16Mi\"\ndefault_sysctls = false\n[cgroup]\ndriver = \"systemd\"\n",
+            "[runtime]\nbinary = \"crun\"\n[pod]\nshm_size = \"16Mi\"\ndefault_sysctls = false\nfiles_root = \"/srv/pods\"\n[cgroup]\ndriver = \"systemd\"\n",
             Path::new("t.toml"),
         )
         .unwrap();
@@ -285,6 +299,8 @@ mod tests {
         assert_eq!(c.runtime.root, PathBuf::from("/run/corral/runc"));
         assert_eq!(c.shm_size_kib(), 16384);
         assert!(!c.pod.default_sysctls);
+        assert_eq!(c.pod.files_root, PathBuf::from("/srv/pods"));
+        assert_eq!(Config::default().pod.files_root, PathBuf::from("/var/lib/corral/pods"));
         assert_eq!(c.cgroup.driver, Driver::Systemd);
         assert_eq!(c.log.level, "info");
         assert_eq!(Config::parse("", Path::new("t.toml")).unwrap(), Config::default());
@@ -302,6 +318,8 @@ mod tests {
         assert!(err("[pod]\nshm_size = \"lots\"\n").contains("pod.shm_size"));
         assert!(err("[cgroup]\ndriver = \"magic\"\n").contains("magic"));
         assert!(err("[runtime]\nroot = \"relative\"\n").contains("runtime.root"));
+        assert!(err("[pod]\nfiles_root = \"pods\"\n").contains("pod.files_root"));
+        assert!(err("[pod]\nfiles_root = \"/\"\n").contains("pod.files_root"));
         assert!(err("[log]\nlevel = \"loud\"\n").contains("log.level"));
         assert!(Config::parse("[log]\nlevel = \"corral=debug,info\"\n", Path::new("t")).is_ok());
     }

@@ -97,3 +97,17 @@ pub fn shim_of(sandbox: &str) -> Option<u32> {
 pub fn shim_socket(shim: u32) -> Option<String> {
     cmdline(shim).windows(2).find(|w| w[0] == "-socket").map(|w| w[1].clone())
 }
+
+/// Files named `name` anywhere below `dir` (symlinks not followed).
+pub fn files_named(dir: &Path, name: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        match entry.file_type() {
+            Ok(t) if t.is_dir() => found.extend(files_named(&path, name)),
+            Ok(_) if entry.file_name() == name => found.push(path),
+            _ => {}
+        }
+    }
+    found
+}

@@ -23,6 +23,7 @@ use std::sync::OnceLock;
 use crate::error::{Error, IoContext, Result};
 use crate::pod::sysctl;
 use crate::sys::pidfd::PidFd;
+use crate::sys::process::ProcessId;
 
 /// The holder program, built by build.rs.
 pub static HOLDER_ELF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/corral-holder"));
@@ -122,6 +123,7 @@ impl HolderSpec {
                 None => "set a sysctl".to_string(),
             },
             Some(protocol::STEP_FORK) => "fork pid 1 of the pod".to_string(),
+            Some(protocol::STEP_CONFINE) => format!("confine itself (call {index})"),
             _ => {
                 return Error::Holder {
                     step: "report".into(),
@@ -140,6 +142,8 @@ impl HolderSpec {
 /// A running holder.
 pub struct Holder {
     pub pid: i32,
+    /// Its pid and start time, for the pod's record.
+    pub id: ProcessId,
     pub pidfd: PidFd,
 }
 
@@ -215,7 +219,9 @@ impl Holder {
                     let _ = child.wait();
                 }
                 let pidfd = PidFd::open(pid).context(|| format!("pidfd_open holder {pid}"))?;
-                Ok(Holder { pid, pidfd })
+                // Our child (or reparented to us), not reaped: its pid cannot be recycled yet.
+                let id = ProcessId::of(pid).unwrap_or(ProcessId { pid, start: 0 });
+                Ok(Holder { pid, id, pidfd })
             }
             Err(e) => {
                 let _ = child.kill();

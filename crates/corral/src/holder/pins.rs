@@ -9,25 +9,20 @@ use std::path::PathBuf;
 use nix::mount::{mount, MsFlags};
 
 use crate::error::{IoContext, Result};
-use crate::pod::files::{unmount_if_mounted, PodPaths};
+use crate::pod::files::{remove_pins, PodPaths};
 
-/// Pins `kinds` (names under /proc/<pid>/ns) of `pid`; on failure undoes the pins it made.
+/// Pins `kinds` (names under /proc/<pid>/ns) of `pid` in a directory it creates (which must not
+/// exist yet). All or nothing: on failure the directory and its pins are gone again.
 pub fn pin(paths: &PodPaths, pid: i32, kinds: &[&str]) -> Result<Vec<(String, PathBuf)>> {
     let dir = paths.ns_dir();
     std::fs::DirBuilder::new().mode(0o700).create(&dir).with_path("create namespace pin directory", &dir)?;
-    let mut made = Vec::new();
-    for kind in kinds {
-        match pin_one(paths, pid, kind) {
-            Ok(target) => made.push((kind.to_string(), target)),
-            Err(e) => {
-                for (_, target) in &made {
-                    let _ = unmount_if_mounted(target);
-                }
-                return Err(e);
-            }
-        }
+    let made: Result<Vec<_>> =
+        kinds.iter().map(|kind| pin_one(paths, pid, kind).map(|target| (kind.to_string(), target))).collect();
+    if made.is_err() {
+        // The directory is this call's: everything in it is a pin it made.
+        let _ = remove_pins(paths);
     }
-    Ok(made)
+    made
 }
 
 fn pin_one(paths: &PodPaths, pid: i32, kind: &str) -> Result<PathBuf> {

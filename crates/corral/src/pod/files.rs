@@ -1,10 +1,13 @@
 //! The pod's files (`/etc/hostname`, `/etc/hosts`, `/etc/resolv.conf`) and its `/dev/shm`.
 //!
-//! CRI writes none of them in shim mode, so corral does, under the sandbox bundle (a 0700
-//! directory containerd made). Files are created with `O_EXCL | O_NOFOLLOW` inside a directory
-//! corral just created, so a symlink planted in advance cannot redirect a write. Mounts (the shm
-//! tmpfs, the namespace pins) live below `<bundle>/rootfs`, where containerd's recursive unmount
-//! on bundle removal is a safety net if corral itself is gone.
+//! CRI writes none of them in shim mode, so corral does. The files live on disk, in a directory
+//! of their own under `pod.files_root` (`/var/lib/corral/pods/<namespace>/<sandbox id>`), not in
+//! the sandbox bundle: the bundle is on /run, a tmpfs that is a share of the node's memory, and a
+//! container that may write its /etc/resolv.conf could fill it and break every new pod. Files are
+//! created with `O_EXCL | O_NOFOLLOW` inside a directory corral just created, so a symlink planted
+//! in advance cannot redirect a write. Mounts (the shm tmpfs, the namespace pins) live below
+//! `<bundle>/rootfs`, where containerd's recursive unmount on bundle removal is a safety net if
+//! corral itself is gone.
 
 use std::fs::{DirBuilder, OpenOptions};
 use std::io::Write;
@@ -15,6 +18,9 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use crate::error::{IoContext, Result};
 use crate::pod::spec::{Dns, PodSpec};
+
+/// Default root of the pods' file directories (`pod.files_root`).
+pub const FILES_ROOT: &str = "/var/lib/corral/pods";
 
 /// Default size of the pod's /dev/shm, as containerd's podsandbox controller uses.
 pub const SHM_SIZE_KIB: u64 = 65536;
@@ -35,28 +41,32 @@ pub fn parse_size_kib(s: &str) -> Option<u64> {
     (bytes >= 4096).then_some(bytes / 1024)
 }
 
-/// Where a pod's files and mounts live inside its sandbox bundle.
+/// Where a pod's files and mounts live.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PodPaths {
+    /// The sandbox bundle containerd made (on /run).
     pub bundle: PathBuf,
+    /// The pod's own directory for its files, on disk (see the module doc).
+    pub files: PathBuf,
 }
 
 impl PodPaths {
-    pub fn new(bundle: impl Into<PathBuf>) -> Self {
-        PodPaths { bundle: bundle.into() }
+    /// The paths of pod `id` of containerd namespace `namespace` in `bundle`, its files below
+    /// `files_root`.
+    pub fn new(bundle: impl Into<PathBuf>, files_root: &Path, namespace: &str, id: &str) -> Self {
+        PodPaths { bundle: bundle.into(), files: files_root.join(namespace).join(id) }
     }
-    /// Plain files: removable by containerd's RemoveAll.
-    pub fn files_dir(&self) -> PathBuf {
-        self.bundle.join("pod")
+    pub fn files_dir(&self) -> &Path {
+        &self.files
     }
     pub fn hostname(&self) -> PathBuf {
-        self.files_dir().join("hostname")
+        self.files.join("hostname")
     }
     pub fn hosts(&self) -> PathBuf {
-        self.files_dir().join("hosts")
+        self.files.join("hosts")
     }
     pub fn resolv_conf(&self) -> PathBuf {
-        self.files_dir().join("resolv.conf")
+        self.files.join("resolv.conf")
     }
     /// Mount points live below rootfs (see the module doc).
     pub fn mounts_dir(&self) -> PathBuf {
@@ -73,20 +83,37 @@ impl PodPaths {
     }
     /// corral's record of the pod, read by `delete` when the server is gone.
     pub fn state_file(&self) -> PathBuf {
-        self.bundle.join("corral.json")
+        state_file(&self.bundle)
     }
+}
+
+/// corral's record of the pod in `bundle`.
+pub fn state_file(bundle: &Path) -> PathBuf {
+    bundle.join("corral.json")
 }
 
 /// The node's files copied into pods, as containerd does.
 const NODE_HOSTS: &str = "/etc/hosts";
 const NODE_RESOLV_CONF: &str = "/etc/resolv.conf";
 
-/// Writes hostname, hosts and resolv.conf for the pod.
+/// Writes hostname, hosts and resolv.conf for the pod into a directory it creates, which must not
+/// exist yet. All or nothing: on failure the directory is gone again (if this call made it).
 pub fn write_files(paths: &PodPaths, spec: &PodSpec) -> Result<()> {
     let dir = paths.files_dir();
+    if let Some(parent) = dir.parent() {
+        // Traversable, not listable, by others: what a container's runtime needs to reach them.
+        DirBuilder::new().mode(0o711).recursive(true).create(parent).with_path("create", parent)?;
+    }
     // A fresh directory: if anything is already there, refuse rather than reuse it.
-    DirBuilder::new().mode(0o755).create(&dir).with_path("create pod files directory", &dir)?;
+    DirBuilder::new().mode(0o755).create(dir).with_path("create pod files directory", dir)?;
+    let written = write_each(paths, spec);
+    if written.is_err() {
+        let _ = remove_files(paths);
+    }
+    written
+}
 
+fn write_each(paths: &PodPaths, spec: &PodSpec) -> Result<()> {
     write_new(&paths.hostname(), format!("{}\n", spec.hostname).as_bytes())?;
     let hosts = std::fs::read(NODE_HOSTS).unwrap_or_else(|_| default_hosts().into_bytes());
     write_new(&paths.hosts(), &hosts)?;
@@ -129,53 +156,86 @@ fn write_new(path: &Path, data: &[u8]) -> Result<()> {
     file.write_all(data).with_path("write pod file", path)
 }
 
-/// Mounts the pod's /dev/shm tmpfs (mode 1777, nosuid, nodev, noexec).
+/// Mounts the pod's /dev/shm tmpfs (mode 1777, nosuid, nodev, noexec). All or nothing.
 pub fn mount_shm(paths: &PodPaths, size_kib: u64) -> Result<()> {
     let target = paths.shm();
     DirBuilder::new().mode(0o755).create(&target).with_path("create shm mount point", &target)?;
-    mount(
+    let mounted = mount(
         Some("shm"),
         &target,
         Some("tmpfs"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         Some(format!("mode=1777,size={size_kib}k").as_str()),
     )
-    .with_path("mount pod shm tmpfs on", &target)
+    .with_path("mount pod shm tmpfs on", &target);
+    if mounted.is_err() {
+        let _ = remove_empty_dir(&target);
+    }
+    mounted
 }
 
-/// Unmounts `path` if it is mounted; a missing path or a path that is not a mount is fine.
+/// Unmounts `path` if it is mounted; a missing path or a path that is not a mount is fine. Never
+/// follows a symlink at `path` (a container may have made one where a mount point was).
 pub fn unmount_if_mounted(path: &Path) -> Result<()> {
-    match umount2(path, MntFlags::MNT_DETACH) {
+    match umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
         Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => Ok(()),
         Err(e) => Err(e).with_path("unmount", path),
+    }
+}
+
+/// Removes the pod's files directory. Nothing else lives there: it is not bind-mounted as a
+/// directory, only its files are.
+pub fn remove_files(paths: &PodPaths) -> Result<()> {
+    match std::fs::remove_dir_all(paths.files_dir()) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_path("remove pod files directory", paths.files_dir())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Unmounts the pod's shm and removes its (then empty) mount point.
+pub fn remove_shm(paths: &PodPaths) -> Result<()> {
+    unmount_if_mounted(&paths.shm())?;
+    remove_empty_dir(&paths.shm())
+}
+
+/// Unmounts every namespace pin, then removes the pin files and their directory. A pin that
+/// stays mounted keeps its file, and the directory.
+pub fn remove_pins(paths: &PodPaths) -> Result<()> {
+    let mut first_err = None;
+    if let Ok(entries) = std::fs::read_dir(paths.ns_dir()) {
+        for entry in entries.flatten() {
+            let pin = entry.path();
+            let released = unmount_if_mounted(&pin).and_then(|()| match std::fs::remove_file(&pin) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_path("remove pin", &pin),
+                _ => Ok(()),
+            });
+            if let Err(e) = released {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => remove_empty_dir(&paths.ns_dir()),
+    }
+}
+
+/// rmdir: removes nothing that is still inside (unlike remove_dir_all, which would delete what a
+/// still-mounted filesystem holds).
+fn remove_empty_dir(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_path("remove", dir),
+        _ => Ok(()),
     }
 }
 
 /// Releases everything [`write_files`], [`mount_shm`] and the namespace pins created. Tries every
 /// step and reports the first failure, so one stuck mount does not keep the rest alive.
 pub fn remove_all(paths: &PodPaths) -> Result<()> {
-    let mut first_err = None;
-    let mut note = |r: Result<()>| {
-        if let Err(e) = r {
-            first_err.get_or_insert(e);
-        }
-    };
-    note(unmount_if_mounted(&paths.shm()));
-    if let Ok(entries) = std::fs::read_dir(paths.ns_dir()) {
-        for entry in entries.flatten() {
-            note(unmount_if_mounted(&entry.path()));
-        }
-    }
-    for dir in [paths.ns_dir(), paths.shm(), paths.files_dir()] {
-        match std::fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => note(Err(e).with_path("remove", &dir)),
-            _ => {}
-        }
-    }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    let results = [remove_shm(paths), remove_pins(paths), remove_files(paths)];
+    results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
 }
 
 #[cfg(test)]

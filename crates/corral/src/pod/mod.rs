@@ -20,6 +20,7 @@ use tracing::{debug, warn};
 use crate::cgroups::{Mode, PodCgroup};
 use crate::error::{Error, Result};
 use crate::holder::{pins, Holder, HolderSpec};
+use crate::sys::process::ProcessId;
 use crate::task::oci::PodContext;
 use crate::task::runc::Runc;
 use crate::task::{Container, ExitInfo};
@@ -55,13 +56,12 @@ impl Pod {
     /// the holder); on failure releases everything it made.
     pub fn create(
         id: &str,
-        bundle: PathBuf,
+        paths: PodPaths,
         spec: PodSpec,
         runc: Runc,
         socket: Option<PathBuf>,
     ) -> Result<Pod> {
-        let paths = PodPaths::new(bundle);
-        let mut undo = Undo { armed: true, paths: &paths, holder: None, cgroup: None };
+        let mut undo = Undo { armed: true, paths: &paths, made: Made::default(), holder: None, cgroup: None };
         let cgroup = match &spec.cgroup_parent_path {
             None => None,
             Some(parent) => {
@@ -71,8 +71,10 @@ impl Pod {
             }
         };
         files::write_files(&paths, &spec)?;
+        undo.made.files = true;
         if spec.ipc == NsMode::Pod {
             files::mount_shm(&paths, spec.shm_size_kib)?;
+            undo.made.shm = true;
         }
         let holder = undo.holder.insert(Holder::spawn(&HolderSpec {
             sandbox_id: id.to_string(),
@@ -99,6 +101,7 @@ impl Pod {
             kinds.push("user");
         }
         let pins = pins::pin(&paths, holder.pid, &kinds)?.into_iter().collect();
+        undo.made.pins = true;
         let holder = undo.holder.take().expect("spawned above");
         let pod = Pod {
             id: id.to_string(),
@@ -209,11 +212,15 @@ impl Pod {
     fn save_record(&self) -> Result<()> {
         let containers =
             self.containers.lock().unwrap().values().map(|c| (c.id.clone(), c.bundle.clone())).collect();
+        let (server, holder) = (ProcessId::current(), self.holder.id);
         Record {
             sandbox_id: self.id.clone(),
-            server_pid: std::process::id() as i32,
+            server_pid: server.pid,
+            server_start: server.start,
             socket: self.socket.clone(),
-            holder_pid: self.holder.pid,
+            holder_pid: holder.pid,
+            holder_start: holder.start,
+            files_dir: Some(self.paths.files.clone()),
             cgroup: self.cgroup.as_ref().map(|c| c.rel.clone()),
             runc_binary: self.runc.binary.clone(),
             runc_root: self.runc.root.clone(),
@@ -268,11 +275,21 @@ impl Pod {
     }
 }
 
-/// Undoes a half-built pod when dropped: kills the holder, removes files, mounts and cgroup.
+/// What [`Pod::create`] has made so far, each step all or nothing.
+#[derive(Default)]
+struct Made {
+    files: bool,
+    shm: bool,
+    pins: bool,
+}
+
+/// Undoes a half-built pod when dropped: kills the holder, removes what this creation made (and
+/// nothing else: the directories may be another pod's if the request collided with one).
 struct Undo<'a> {
     /// Cleared once the pod is complete.
     armed: bool,
     paths: &'a PodPaths,
+    made: Made,
     holder: Option<Holder>,
     cgroup: Option<PodCgroup>,
 }
@@ -287,7 +304,15 @@ impl Drop for Undo<'_> {
             // Reap it (it is our child, or pid 1 of the pod reparented to us).
             let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(holder.pid), None);
         }
-        let _ = files::remove_all(self.paths);
+        if self.made.pins {
+            let _ = files::remove_pins(self.paths);
+        }
+        if self.made.shm {
+            let _ = files::remove_shm(self.paths);
+        }
+        if self.made.files {
+            let _ = files::remove_files(self.paths);
+        }
         if let Some(cg) = self.cgroup.take() {
             let _ = cg.remove();
         }

@@ -6,15 +6,24 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{IoContext, Result};
+use crate::sys::process::ProcessId;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     pub sandbox_id: String,
     pub server_pid: i32,
+    /// The server's start time (see sys::process), so `delete` never signals a recycled pid.
+    #[serde(default)]
+    pub server_start: u64,
     /// The server's socket, removed by `delete` if the server could not.
     #[serde(default)]
     pub socket: Option<PathBuf>,
     pub holder_pid: i32,
+    #[serde(default)]
+    pub holder_start: u64,
+    /// The pod's files directory (on disk, outside the bundle), removed by `delete`.
+    #[serde(default)]
+    pub files_dir: Option<PathBuf>,
     /// The holder's cgroup (a cgroupfs path), removed by `delete`.
     #[serde(default)]
     pub cgroup: Option<String>,
@@ -25,6 +34,14 @@ pub struct Record {
 }
 
 impl Record {
+    pub fn server(&self) -> ProcessId {
+        ProcessId { pid: self.server_pid, start: self.server_start }
+    }
+
+    pub fn holder(&self) -> ProcessId {
+        ProcessId { pid: self.holder_pid, start: self.holder_start }
+    }
+
     /// Writes atomically (temp file + rename) so a crash never leaves half a record.
     pub fn save(&self, path: &Path) -> Result<()> {
         let tmp = path.with_extension("json.tmp");
@@ -51,8 +68,11 @@ mod tests {
         let rec = Record {
             sandbox_id: "sb".into(),
             server_pid: 1,
+            server_start: 11,
             socket: Some("/run/corral/s/x".into()),
             holder_pid: 2,
+            holder_start: 22,
+            files_dir: Some("/var/lib/corral/pods/k8s.io/sb".into()),
             cgroup: Some("/kubepods/pod1/sb".into()),
             runc_binary: "runc".into(),
             runc_root: "/run/corral/runc/k8s.io".into(),
@@ -61,6 +81,10 @@ mod tests {
         rec.save(&path).unwrap();
         assert_eq!(Record::load(&path), Some(rec));
         assert_eq!(Record::load(&dir.join("missing")), None);
+        // A record from before start times and the files directory were kept still loads.
+        std::fs::write(&path, r#"{"sandbox_id":"sb","server_pid":1,"holder_pid":2,"runc_binary":"runc","runc_root":"/r","containers":[]}"#).unwrap();
+        let old = Record::load(&path).unwrap();
+        assert_eq!((old.holder(), old.files_dir), (ProcessId { pid: 2, start: 0 }, None));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -14,6 +14,7 @@ use super::{traced, Shim};
 use crate::cgroups;
 use crate::error::{Error, Result};
 use crate::events::timestamp;
+use crate::pod::files::PodPaths;
 use crate::pod::{spec, Pod, PodState};
 
 pub struct SandboxService {
@@ -43,12 +44,20 @@ impl SandboxService {
             &req.netns_path,
             self.shim.config,
         )?;
+        // One pod per bundle: its pins, shm and record live there.
+        if let Some(other) = self.shim.pods.lock().unwrap().values().find(|p| p.paths.bundle == bundle) {
+            return Err(Error::AlreadyExists(format!(
+                "sandbox {}: bundle_path {:?} already holds sandbox {}",
+                req.sandbox_id, req.bundle_path, other.id
+            )));
+        }
         let id = req.sandbox_id.clone();
+        let paths = PodPaths::new(bundle, &self.shim.config.pod.files_root, &self.shim.namespace, &id);
         let runc = self.shim.runc.clone();
         let socket = self.shim.socket.clone();
         // The holder is our child until its pidfd claims it (see sys::reaper).
         let _busy = crate::sys::reaper::Busy::new();
-        let pod = tokio::task::spawn_blocking(move || Pod::create(&id, bundle, spec, runc, socket))
+        let pod = tokio::task::spawn_blocking(move || Pod::create(&id, paths, spec, runc, socket))
             .await
             .map_err(|e| Error::Holder { step: "create pod".into(), message: e.to_string() })??;
         let pod = Arc::new(pod);

@@ -8,15 +8,14 @@ use std::time::SystemTime;
 
 use containerd_shim_protos::api::DeleteResponse;
 use containerd_shim_protos::protobuf::Message;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 use super::args::Args;
 use crate::error::{IoContext, Result};
 use crate::events::timestamp;
-use crate::pod::files::{self, PodPaths};
+use crate::pod::files::{self, state_file, PodPaths};
 use crate::pod::persist::Record;
-use crate::task::rootfs::unmount_rootfs;
+use crate::task::rootfs::{is_mount_point, unmount_rootfs};
 use crate::task::runc::{is_not_exist, Runc};
 
 pub fn run(args: &Args) -> Result<()> {
@@ -28,19 +27,29 @@ pub fn run(args: &Args) -> Result<()> {
         .enable_all()
         .build()
         .context(|| "build async runtime".into())?;
-    let paths = PodPaths::new(&bundle);
     // Serialises concurrent deletes and the server's own release (see sys::lock).
     let _lock = crate::sys::lock::BundleLock::acquire(&bundle).with_path("lock", &bundle)?;
-    match Record::load(&paths.state_file()) {
-        Some(record) => runtime.block_on(release_pod(&args.id, &paths, &record)),
+    // containerd does not give `delete` the shim-manager environment: the file and the defaults
+    // decide (a pod's record names its own runtime and files).
+    let config = crate::config::get();
+    let default_paths = PodPaths::new(&bundle, &config.pod.files_root, &args.namespace, &args.id);
+    match Record::load(&state_file(&bundle)) {
+        Some(record) => {
+            let paths = PodPaths { files: record.files_dir.clone().unwrap_or(default_paths.files), bundle };
+            runtime.block_on(release_pod(&args.id, &paths, &record))
+        }
         None => {
-            // containerd does not give `delete` the shim-manager environment: the file and the
-            // defaults decide (a pod's record names its own runtime).
-            let runc = Runc::for_namespace(crate::config::get(), &args.namespace);
+            let runc = Runc::for_namespace(config, &args.namespace);
             runtime.block_on(release_container(&runc, &args.id, &bundle));
-            // A sandbox bundle without a record was released by ShutdownSandbox, or never got
-            // that far; its mounts (if any) are below rootfs.
-            let _ = files::remove_all(&paths);
+            // A container bundle whose rootfs is still mounted is left alone: what is below it
+            // is the container's filesystem, not corral's pins or shm.
+            if is_mount_point(&default_paths.mounts_dir()) {
+                tracing::warn!(id = %args.id, "delete: rootfs still mounted; leaving the bundle to containerd");
+            } else {
+                // A sandbox bundle without a record was released by ShutdownSandbox, or never got
+                // that far; whatever is left of it is here.
+                let _ = files::remove_all(&default_paths);
+            }
         }
     }
     let resp = DeleteResponse {
@@ -54,23 +63,16 @@ pub fn run(args: &Args) -> Result<()> {
     std::io::stdout().write_all(&bytes).context(|| "write DeleteResponse".into())
 }
 
-/// Whether `pid` is a corral process of `role` ("serve" or "holder") for sandbox `id`: never kill
-/// a recycled pid.
-fn is_ours(pid: i32, role: &str, id: &str) -> bool {
-    if pid <= 0 {
-        return false;
-    }
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    args.contains(&role.as_bytes()) && args.contains(&id.as_bytes())
+/// Whether `argv` is a corral process of `role` ("serve" or "holder") for sandbox `id`. Checked
+/// together with the recorded start time (see sys::process), through a pidfd.
+fn is_ours(argv: &[Vec<u8>], role: &str, id: &str) -> bool {
+    argv.iter().any(|a| a == role.as_bytes()) && argv.iter().any(|a| a == id.as_bytes())
 }
 
 async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
     tracing::info!(sandbox = id, "delete: releasing pod from its record");
-    if is_ours(record.server_pid, "serve", id) {
-        let _ = kill(Pid::from_raw(record.server_pid), Signal::SIGKILL);
+    if let Err(e) = record.server().signal_if(Signal::SIGKILL, |argv| is_ours(argv, "serve", id)) {
+        tracing::warn!(sandbox = id, error = %e, "delete: kill the server");
     }
     let runc = Runc {
         binary: record.runc_binary.clone(),
@@ -81,8 +83,8 @@ async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
     for (cid, bundle) in &record.containers {
         release_container(&runc, cid, bundle).await;
     }
-    if is_ours(record.holder_pid, "holder", id) {
-        let _ = kill(Pid::from_raw(record.holder_pid), Signal::SIGKILL);
+    if let Err(e) = record.holder().signal_if(Signal::SIGKILL, |argv| is_ours(argv, "holder", id)) {
+        tracing::warn!(sandbox = id, error = %e, "delete: kill the holder");
     }
     let _ = files::remove_all(paths);
     if let (Some(rel), Ok(mode)) = (&record.cgroup, crate::cgroups::Mode::detect()) {

@@ -4,4 +4,5 @@
 pub mod lock;
 pub mod ns;
 pub mod pidfd;
+pub mod process;
 pub mod reaper;

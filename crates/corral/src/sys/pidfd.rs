@@ -6,7 +6,7 @@
 //! reaper can steal another's exit status.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
@@ -53,25 +53,7 @@ impl PidFd {
 
     /// Sends `signal` to the process; cannot hit a recycled pid.
     pub fn signal(&self, signal: Signal) -> io::Result<()> {
-        // SAFETY: pidfd_send_signal with a valid pidfd, a signal number, a null siginfo and no flags.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.fd.get_ref().as_raw_fd(),
-                signal as i32,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            )
-        };
-        if rc < 0 {
-            let err = io::Error::last_os_error();
-            // Already gone is what the caller wanted.
-            if err.raw_os_error() == Some(libc::ESRCH) {
-                return Ok(());
-            }
-            return Err(err);
-        }
-        Ok(())
+        super::process::send_signal(self.fd.get_ref(), signal)
     }
 
     /// Waits for the exit and reaps the process if it is corral's child. Returns the exit code as
