@@ -1,6 +1,7 @@
 //! Load: create/start/stop/remove pod cycles, four at a time, each with one container. Every
 //! cycle succeeds and afterwards every leak check is back at its baseline: mounts, processes,
-//! runc containers, cgroups, containerd's open fds, bundles, network namespaces, sockets.
+//! runc containers, cgroups, containerd's open fds, bundles, network namespaces, sockets, pod
+//! file directories.
 //!
 //! CI runs 24 cycles; `CORRAL_LOAD_CYCLES=200 cargo test -p corral-e2e --test load` runs the
 //! full one.
@@ -49,6 +50,7 @@ fn snapshot(rig: &Rig, containerd: u32) -> Vec<(&'static str, usize)> {
         ("task bundles", count(rig.state.join("io.containerd.runtime.v2.task/k8s.io"))),
         ("network namespaces", count("/run/netns")),
         ("shim sockets", count("/run/corral/s")),
+        ("pod file directories", count(corral_rig::CORRAL_POD_FILES)),
     ]
 }
 

@@ -3,7 +3,6 @@
 //! server holds the server's sockets, a dead server's socket refuses connections, the pod's files
 //! are on disk and go with the pod, and `delete` signals only the processes it recorded.
 
-use std::collections::HashSet;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -109,19 +108,6 @@ async fn the_holder_shows_a_shared_pid_pod_nothing_of_the_node() -> Result<()> {
     Ok(())
 }
 
-/// Socket inodes among `pid`'s open files.
-fn socket_inodes(pid: u32) -> HashSet<String> {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| std::fs::read_link(e.path()).ok())
-                .map(|l| l.to_string_lossy().into_owned())
-                .filter(|l| l.starts_with("socket:"))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_other_process_holds_the_servers_sockets() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
@@ -133,12 +119,12 @@ async fn no_other_process_holds_the_servers_sockets() -> Result<()> {
     assert_eq!(code, 0);
 
     let server = probe::shim_of(&pod).context("server")?;
-    let ours = socket_inodes(server);
+    let ours = probe::socket_inodes(server);
     assert!(!ours.is_empty(), "the server has sockets");
     let holders: Vec<(u32, Vec<String>)> = probe::all_pids()
         .into_iter()
         .filter(|p| *p != server)
-        .map(|p| (p, socket_inodes(p).intersection(&ours).cloned().collect::<Vec<_>>()))
+        .map(|p| (p, probe::socket_inodes(p).intersection(&ours).cloned().collect::<Vec<_>>()))
         .filter(|(_, shared)| !shared.is_empty())
         .map(|(p, shared)| (p, [probe::cmdline(p), shared].concat()))
         .collect();
@@ -190,7 +176,7 @@ async fn pod_files_live_on_disk_and_go_with_the_pod() -> Result<()> {
     let pod = cri.run_pod(&cfg, "corral").await?;
     let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
 
-    let files = Path::new("/var/lib/corral/pods/k8s.io").join(&pod);
+    let files = Path::new(corral_rig::CORRAL_POD_FILES).join(&pod);
     for name in ["hostname", "hosts", "resolv.conf"] {
         assert!(files.join(name).is_file(), "{} exists", files.join(name).display());
         let (code, fs, err) = cri.exec_sync(&c, &["stat", "-f", "-c", "%T", &format!("/etc/{name}")]).await?;

@@ -60,6 +60,15 @@ async fn a_binary_logger_gets_both_streams_and_the_ids_and_ends_with_the_process
         ..Default::default()
     };
     shim.task.create(ctx(), &create).await?;
+    // The program runs (it said it is ready) and holds none of the server's sockets.
+    let server = probe::shim_of(&id).expect("server");
+    let loggers = probe::pids_with_cmdline(&logger.display().to_string());
+    assert!(!loggers.is_empty(), "the logging program runs");
+    for pid in loggers {
+        let shared: Vec<_> =
+            probe::socket_inodes(pid as u32).intersection(&probe::socket_inodes(server)).cloned().collect();
+        assert!(shared.is_empty(), "the logging program holds the server's sockets {shared:?}");
+    }
     shim.task.start(ctx(), &StartRequest { id: cid.clone(), ..Default::default() }).await?;
     let waited = shim.task.wait(ctx(), &WaitRequest { id: cid.clone(), ..Default::default() }).await?;
     assert_eq!(waited.exit_status, 0);

@@ -24,6 +24,8 @@ pub use cri::Cri;
 
 /// The image every test container runs.
 pub const BUSYBOX: &str = "docker.io/corral/busybox:test";
+/// Where corral keeps the files of this rig's pods (its default `pod.files_root`, namespace k8s.io).
+pub const CORRAL_POD_FILES: &str = "/var/lib/corral/pods/k8s.io";
 /// containerd 2.1's pinned sandbox image, needed by the `runc` handler only.
 pub const PAUSE: &str = "registry.k8s.io/pause:3.10";
 
@@ -302,6 +304,8 @@ impl Drop for Rig {
         probe::pids_with_cmdline(&marker).into_iter().for_each(kill);
         for sb in &sandboxes {
             probe::pids_with_cmdline(sb).into_iter().for_each(kill);
+            // corral's files for the pod (see corral's pod.files_root), if its delete never ran.
+            let _ = std::fs::remove_dir_all(Path::new(CORRAL_POD_FILES).join(sb));
         }
         for cid in &containers {
             for root in ["/run/corral/runc/k8s.io", "/run/containerd/runc/k8s.io"] {

@@ -111,3 +111,16 @@ pub fn files_named(dir: &Path, name: &str) -> Vec<std::path::PathBuf> {
     }
     found
 }
+
+/// The sockets among `pid`'s open files, as their links read ("socket:[inode]").
+pub fn socket_inodes(pid: u32) -> std::collections::HashSet<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .map(|l| l.to_string_lossy().into_owned())
+                .filter(|l| l.starts_with("socket:"))
+                .collect()
+        })
+        .unwrap_or_default()
+}

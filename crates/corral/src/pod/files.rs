@@ -268,6 +268,24 @@ mod tests {
     }
 
     #[test]
+    fn unmounting_never_follows_a_symlink() {
+        // Needs root (as every test run here has): a real tmpfs mount.
+        let dir = std::env::temp_dir().join(format!("corral-nofollow-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (target, link) = (dir.join("mnt"), dir.join("link"));
+        std::fs::create_dir_all(&target).unwrap();
+        mount(Some("t"), &target, Some("tmpfs"), MsFlags::empty(), None::<&str>).unwrap();
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let via_link = unmount_if_mounted(&link);
+        let still_mounted = crate::task::rootfs::is_mount_point(&target);
+        unmount_if_mounted(&target).unwrap();
+        let gone = !crate::task::rootfs::is_mount_point(&target);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(via_link.is_ok(), "a symlink is not a mount point: {via_link:?}");
+        assert!(still_mounted && gone, "the mount behind the symlink was left alone, then unmounted");
+    }
+
+    #[test]
     fn write_new_refuses_a_planted_symlink() {
         let dir = std::env::temp_dir().join(format!("corral-files-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
