@@ -35,10 +35,47 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use serde::Deserialize;
+use tracing_subscriber::filter::{LevelFilter, Targets};
 
 use crate::error::{Error, Result};
 
 pub const DEFAULT_PATH: &str = "/etc/corral/config.toml";
+
+/// Where corral keeps runc's state (`runtime.root`): one root per containerd namespace, on tmpfs,
+/// stable across containerd restarts so `delete` can find containers without the server.
+pub const DEFAULT_RUNC_ROOT: &str = "/run/corral/runc";
+
+/// Default root of the pods' file directories (`pod.files_root`).
+pub const FILES_ROOT: &str = "/var/lib/corral/pods";
+
+/// Default size of the pod's /dev/shm, as containerd's podsandbox controller uses.
+pub const SHM_SIZE_KIB: u64 = 65536;
+
+/// "67108864", "65536k", "64Mi", "1G" -> KiB (at least 4 KiB).
+pub fn parse_size_kib(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(digits);
+    let n: u64 = num.parse().ok()?;
+    let bytes = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => n,
+        "k" | "ki" | "kb" => n.checked_mul(1 << 10)?,
+        "m" | "mi" | "mb" => n.checked_mul(1 << 20)?,
+        "g" | "gi" | "gb" => n.checked_mul(1 << 30)?,
+        _ => return None,
+    };
+    (bytes >= 4096).then_some(bytes / 1024)
+}
+
+/// Parses a log filter: a level (`debug`) or `target=level` pairs (`corral=debug,info`). Every
+/// part must name a level (a bare word would silently mean "that target at trace").
+pub fn parse_filter(text: &str) -> Result<Targets, String> {
+    for part in text.split(',') {
+        let level = part.rsplit_once('=').map_or(part, |(_, level)| level);
+        level.trim().parse::<LevelFilter>().map_err(|_| format!("{level:?} is not a level"))?;
+    }
+    text.parse::<Targets>().map_err(|e| e.to_string())
+}
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -88,17 +125,13 @@ pub struct Cgroup {
 
 impl Default for Runtime {
     fn default() -> Self {
-        Runtime { binary: "runc".into(), root: PathBuf::from(crate::task::runc::DEFAULT_ROOT) }
+        Runtime { binary: "runc".into(), root: PathBuf::from(DEFAULT_RUNC_ROOT) }
     }
 }
 
 impl Default for Pod {
     fn default() -> Self {
-        Pod {
-            shm_size: "64Mi".into(),
-            default_sysctls: true,
-            files_root: PathBuf::from(crate::pod::files::FILES_ROOT),
-        }
+        Pod { shm_size: "64Mi".into(), default_sysctls: true, files_root: PathBuf::from(FILES_ROOT) }
     }
 }
 
@@ -148,14 +181,14 @@ impl Config {
     }
 
     fn validate(&self, origin: &Path) -> Result<()> {
-        if crate::pod::files::parse_size_kib(&self.pod.shm_size).is_none() {
+        if parse_size_kib(&self.pod.shm_size).is_none() {
             return Err(Error::invalid(format!(
                 "config {}: pod.shm_size: {:?} is not a size (e.g. 65536k, 64Mi, 1G)",
                 origin.display(),
                 self.pod.shm_size
             )));
         }
-        if let Err(e) = crate::shim::logging::parse_filter(&self.log.level) {
+        if let Err(e) = parse_filter(&self.log.level) {
             return Err(Error::invalid(format!(
                 "config {}: log.level: {:?} is not a level or target=level list: {e}",
                 origin.display(),
@@ -179,7 +212,7 @@ impl Config {
     }
 
     pub fn shm_size_kib(&self) -> u64 {
-        crate::pod::files::parse_size_kib(&self.pod.shm_size).unwrap_or(crate::pod::files::SHM_SIZE_KIB)
+        parse_size_kib(&self.pod.shm_size).unwrap_or(SHM_SIZE_KIB)
     }
 }
 
@@ -287,6 +320,17 @@ pub fn get() -> &'static Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_shm_sizes() {
+        assert_eq!(parse_size_kib("67108864"), Some(65536));
+        assert_eq!(parse_size_kib("65536k"), Some(65536));
+        assert_eq!(parse_size_kib("64Mi"), Some(65536));
+        assert_eq!(parse_size_kib("1G"), Some(1 << 20));
+        assert_eq!(parse_size_kib("12"), None, "below a page");
+        assert_eq!(parse_size_kib("64 lots"), None);
+        assert_eq!(parse_size_kib(""), None);
+    }
 
     #[test]
     fn parses_every_key_and_defaults_the_rest() {

@@ -20,6 +20,7 @@
 //! - [`config`]: corral's settings (TOML file, environment overrides).
 //! - [`doctor`]: checks a node's setup for corral.
 //! - [`error`]: the crate error and its one mapping to ttrpc codes.
+//! - [`ids`]: the one check of containerd's ids.
 //! - [`shim`]: containerd's binary protocol (flags, start, delete, server, logging); knows no pods.
 //! - [`service`]: ttrpc adapters for the Sandbox and Task services.
 //! - [`pod`]: the sandbox itself: spec, state, files, the registry keyed by sandbox id.
@@ -35,6 +36,7 @@ pub mod doctor;
 pub mod error;
 pub mod events;
 pub mod holder;
+pub mod ids;
 pub mod pod;
 pub mod service;
 pub mod shim;

@@ -24,8 +24,13 @@ impl Drop for DirectShim {
     /// Ends what a failed test left, removes the bundle and the empty parent cgroup runc made
     /// for direct containers.
     fn drop(&mut self) {
-        // A test that failed half-way leaves its shim and holder: end them (their argv names
-        // the id) and remove the socket.
+        // A test that failed half-way (or ended with its pod up) leaves its shim and holder:
+        // release the pod as containerd would (delete reads the pod's record), end whatever is
+        // left (their argv names the id), unmount what is below the test's directory.
+        let _ = self.delete_command(&self.id, &self.bundle);
+        for m in crate::probe::mounts_under(&[&self.dir]).into_iter().rev() {
+            let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
+        }
         for pid in crate::probe::pids_with_cmdline(&self.id) {
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);

@@ -21,7 +21,6 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use crate::error::{Error, IoContext, Result};
-use crate::pod::sysctl;
 use crate::sys::pidfd::PidFd;
 use crate::sys::process::ProcessId;
 
@@ -48,8 +47,18 @@ pub struct HolderSpec {
     /// Create a PID namespace; the reported pid is then pid 1 of it, which reaps the pod's orphans.
     pub new_pid: bool,
     pub hostname: Option<String>,
-    /// Validated sysctl keys and values.
-    pub sysctls: Vec<(String, String)>,
+    /// Validated sysctls, in the order they are written.
+    pub sysctls: Vec<SysctlWrite>,
+}
+
+/// One sysctl for the holder to write from inside the pod's namespaces.
+#[derive(Clone, Debug, Default)]
+pub struct SysctlWrite {
+    /// The key as the pod named it (for messages).
+    pub key: String,
+    /// Its file under /proc/sys.
+    pub path: String,
+    pub value: String,
 }
 
 impl HolderSpec {
@@ -79,12 +88,12 @@ impl HolderSpec {
         if let Some(name) = &self.hostname {
             record(protocol::HOSTNAME, &[name.as_bytes()]);
         }
-        for (key, value) in &self.sysctls {
-            record(protocol::SYSCTL, &[sysctl::proc_path(key).as_bytes(), value.as_bytes()]);
+        for s in &self.sysctls {
+            record(protocol::SYSCTL, &[s.path.as_bytes(), s.value.as_bytes()]);
         }
         let nul_inside = self.netns.iter().any(|p| p.as_os_str().as_encoded_bytes().contains(&0))
             || self.hostname.iter().any(|h| h.contains('\0'))
-            || self.sysctls.iter().any(|(k, v)| k.contains('\0') || v.contains('\0'));
+            || self.sysctls.iter().any(|s| [&s.key, &s.path, &s.value].iter().any(|v| v.contains('\0')));
         if nul_inside {
             return Err(Error::invalid("pod spec: a path, hostname or sysctl contains a NUL byte"));
         }
@@ -119,7 +128,7 @@ impl HolderSpec {
                 format!("set hostname {:?}", self.hostname.as_deref().unwrap_or(""))
             }
             Some(protocol::STEP_SYSCTL) => match self.sysctls.get(index) {
-                Some((k, v)) => format!("set sysctl {k}={v:?}"),
+                Some(s) => format!("set sysctl {}={:?}", s.key, s.value),
                 None => "set a sysctl".to_string(),
             },
             Some(protocol::STEP_FORK) => "fork pid 1 of the pod".to_string(),
@@ -236,6 +245,10 @@ impl Holder {
 mod tests {
     use super::*;
 
+    fn write(key: &str, path: &str, value: &str) -> SysctlWrite {
+        SysctlWrite { key: key.into(), path: path.into(), value: value.into() }
+    }
+
     fn spec() -> HolderSpec {
         HolderSpec {
             sandbox_id: "sb".into(),
@@ -246,8 +259,8 @@ mod tests {
             new_pid: false,
             hostname: Some("web-0".into()),
             sysctls: vec![
-                ("net.ipv4.ip_forward".into(), "1".into()),
-                ("kernel.shmmni".into(), "2048".into()),
+                write("net.ipv4.ip_forward", "/proc/sys/net/ipv4/ip_forward", "1"),
+                write("kernel.shmmni", "/proc/sys/kernel/shmmni", "2048"),
             ],
         }
     }
@@ -291,7 +304,8 @@ mod tests {
         s.hostname = Some("a\0b".into());
         assert!(s.encode().unwrap_err().to_string().contains("NUL"));
         let mut s = spec();
-        s.sysctls = (0..20).map(|i| (format!("net.ipv4.k{i}"), "x".repeat(4000))).collect();
+        s.sysctls =
+            (0..20).map(|i| write(&format!("net.ipv4.k{i}"), "/proc/sys/k", &"x".repeat(4000))).collect();
         assert!(s.encode().unwrap_err().to_string().contains("linux.sysctls"));
     }
 

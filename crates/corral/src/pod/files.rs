@@ -14,32 +14,11 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::{mount, MsFlags};
 
 use crate::error::{IoContext, Result};
 use crate::pod::spec::{Dns, PodSpec};
-
-/// Default root of the pods' file directories (`pod.files_root`).
-pub const FILES_ROOT: &str = "/var/lib/corral/pods";
-
-/// Default size of the pod's /dev/shm, as containerd's podsandbox controller uses.
-pub const SHM_SIZE_KIB: u64 = 65536;
-
-/// "67108864", "65536k", "64Mi", "1G" -> KiB (at least 4 KiB).
-pub fn parse_size_kib(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(digits);
-    let n: u64 = num.parse().ok()?;
-    let bytes = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => n,
-        "k" | "ki" | "kb" => n.checked_mul(1 << 10)?,
-        "m" | "mi" | "mb" => n.checked_mul(1 << 20)?,
-        "g" | "gi" | "gb" => n.checked_mul(1 << 30)?,
-        _ => return None,
-    };
-    (bytes >= 4096).then_some(bytes / 1024)
-}
+use crate::sys::mount::{remove_empty_dir, unmount_if_mounted};
 
 /// Where a pod's files and mounts live.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -174,15 +153,6 @@ pub fn mount_shm(paths: &PodPaths, size_kib: u64) -> Result<()> {
     mounted
 }
 
-/// Unmounts `path` if it is mounted; a missing path or a path that is not a mount is fine. Never
-/// follows a symlink at `path` (a container may have made one where a mount point was).
-pub fn unmount_if_mounted(path: &Path) -> Result<()> {
-    match umount2(path, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW) {
-        Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => Ok(()),
-        Err(e) => Err(e).with_path("unmount", path),
-    }
-}
-
 /// Removes the pod's files directory. Nothing else lives there: it is not bind-mounted as a
 /// directory, only its files are.
 pub fn remove_files(paths: &PodPaths) -> Result<()> {
@@ -200,41 +170,10 @@ pub fn remove_shm(paths: &PodPaths) -> Result<()> {
     remove_empty_dir(&paths.shm())
 }
 
-/// Unmounts every namespace pin, then removes the pin files and their directory. A pin that
-/// stays mounted keeps its file, and the directory.
-pub fn remove_pins(paths: &PodPaths) -> Result<()> {
-    let mut first_err = None;
-    if let Ok(entries) = std::fs::read_dir(paths.ns_dir()) {
-        for entry in entries.flatten() {
-            let pin = entry.path();
-            let released = unmount_if_mounted(&pin).and_then(|()| match std::fs::remove_file(&pin) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_path("remove pin", &pin),
-                _ => Ok(()),
-            });
-            if let Err(e) = released {
-                first_err.get_or_insert(e);
-            }
-        }
-    }
-    match first_err {
-        Some(e) => Err(e),
-        None => remove_empty_dir(&paths.ns_dir()),
-    }
-}
-
-/// rmdir: removes nothing that is still inside (unlike remove_dir_all, which would delete what a
-/// still-mounted filesystem holds).
-fn remove_empty_dir(dir: &Path) -> Result<()> {
-    match std::fs::remove_dir(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).with_path("remove", dir),
-        _ => Ok(()),
-    }
-}
-
 /// Releases everything [`write_files`], [`mount_shm`] and the namespace pins created. Tries every
 /// step and reports the first failure, so one stuck mount does not keep the rest alive.
 pub fn remove_all(paths: &PodPaths) -> Result<()> {
-    let results = [remove_shm(paths), remove_pins(paths), remove_files(paths)];
+    let results = [remove_shm(paths), crate::holder::pins::unpin_all(&paths.ns_dir()), remove_files(paths)];
     results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
 }
 
@@ -254,35 +193,6 @@ mod tests {
             "search ns.svc.cluster.local svc.cluster.local\nnameserver 10.96.0.10\nnameserver 10.96.0.11\noptions ndots:5\n"
         );
         assert_eq!(resolv_conf(&Dns::default()), "");
-    }
-
-    #[test]
-    fn parses_shm_sizes() {
-        assert_eq!(parse_size_kib("67108864"), Some(65536));
-        assert_eq!(parse_size_kib("65536k"), Some(65536));
-        assert_eq!(parse_size_kib("64Mi"), Some(65536));
-        assert_eq!(parse_size_kib("1G"), Some(1 << 20));
-        assert_eq!(parse_size_kib("12"), None, "below a page");
-        assert_eq!(parse_size_kib("64 lots"), None);
-        assert_eq!(parse_size_kib(""), None);
-    }
-
-    #[test]
-    fn unmounting_never_follows_a_symlink() {
-        // Needs root (as every test run here has): a real tmpfs mount.
-        let dir = std::env::temp_dir().join(format!("corral-nofollow-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let (target, link) = (dir.join("mnt"), dir.join("link"));
-        std::fs::create_dir_all(&target).unwrap();
-        mount(Some("t"), &target, Some("tmpfs"), MsFlags::empty(), None::<&str>).unwrap();
-        std::os::unix::fs::symlink(&target, &link).unwrap();
-        let via_link = unmount_if_mounted(&link);
-        let still_mounted = crate::task::rootfs::is_mount_point(&target);
-        unmount_if_mounted(&target).unwrap();
-        let gone = !crate::task::rootfs::is_mount_point(&target);
-        std::fs::remove_dir_all(&dir).unwrap();
-        assert!(via_link.is_ok(), "a symlink is not a mount point: {via_link:?}");
-        assert!(still_mounted && gone, "the mount behind the symlink was left alone, then unmounted");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tracing::{debug, warn};
 
 use crate::cgroups::{Mode, PodCgroup};
 use crate::error::{Error, Result};
-use crate::holder::{pins, Holder, HolderSpec};
+use crate::holder::{pins, Holder, HolderSpec, SysctlWrite};
 use crate::sys::process::ProcessId;
 use crate::task::oci::PodContext;
 use crate::task::runc::Runc;
@@ -84,7 +84,11 @@ impl Pod {
             new_uts: spec.network == NsMode::Pod,
             new_pid: spec.pid == NsMode::Pod,
             hostname: (spec.network == NsMode::Pod).then(|| spec.hostname.clone()),
-            sysctls: spec.sysctls.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            sysctls: spec
+                .sysctls
+                .iter()
+                .map(|(k, v)| SysctlWrite { key: k.clone(), path: sysctl::proc_path(k), value: v.clone() })
+                .collect(),
         })?);
         if let Some(cg) = &cgroup {
             cg.add(holder.pid)?;
@@ -100,7 +104,7 @@ impl Pod {
         if spec.user_namespace {
             kinds.push("user");
         }
-        let pins = pins::pin(&paths, holder.pid, &kinds)?.into_iter().collect();
+        let pins = pins::pin(&paths.ns_dir(), holder.pid, &kinds)?.into_iter().collect();
         undo.made.pins = true;
         let holder = undo.holder.take().expect("spawned above");
         let pod = Pod {
@@ -305,7 +309,7 @@ impl Drop for Undo<'_> {
             let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(holder.pid), None);
         }
         if self.made.pins {
-            let _ = files::remove_pins(self.paths);
+            let _ = pins::unpin_all(&self.paths.ns_dir());
         }
         if self.made.shm {
             let _ = files::remove_shm(self.paths);

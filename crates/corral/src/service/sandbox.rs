@@ -23,7 +23,7 @@ pub struct SandboxService {
 
 impl SandboxService {
     async fn create(&self, req: CreateSandboxRequest) -> Result<()> {
-        crate::task::container::validate_id("sandbox_id", &req.sandbox_id)?;
+        crate::ids::validate("sandbox_id", &req.sandbox_id)?;
         if self.shim.pods.lock().unwrap().contains_key(&req.sandbox_id) {
             return Err(Error::AlreadyExists(format!("sandbox {}: already exists", req.sandbox_id)));
         }

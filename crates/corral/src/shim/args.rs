@@ -93,7 +93,7 @@ impl Args {
             if args.id.is_empty() {
                 return Err(Error::invalid("flag -id: required"));
             }
-            crate::task::container::validate_id("flag -id", &args.id)?;
+            crate::ids::validate("flag -id", &args.id)?;
         }
         Ok(args)
     }

@@ -15,7 +15,8 @@ use crate::error::{IoContext, Result};
 use crate::events::timestamp;
 use crate::pod::files::{self, state_file, PodPaths};
 use crate::pod::persist::Record;
-use crate::task::rootfs::{is_mount_point, unmount_rootfs};
+use crate::sys::mount::is_mount_point;
+use crate::task::rootfs::unmount_rootfs;
 use crate::task::runc::{is_not_exist, Runc};
 
 pub fn run(args: &Args) -> Result<()> {

@@ -14,22 +14,13 @@ use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-/// Parses a log filter: a level (`debug`) or `target=level` pairs (`corral=debug,info`). Every
-/// part must name a level (a bare word would silently mean "that target at trace").
-pub fn parse_filter(text: &str) -> Result<Targets, String> {
-    for part in text.split(',') {
-        let level = part.rsplit_once('=').map_or(part, |(_, level)| level);
-        level.trim().parse::<LevelFilter>().map_err(|_| format!("{level:?} is not a level"))?;
-    }
-    text.parse::<Targets>().map_err(|e| e.to_string())
-}
-
 /// Installs the global subscriber. Without a reader on the FIFO, logs are dropped.
 pub fn init(debug: bool, sandbox_id: &str, level: &str) {
     // containerd's -debug raises the configured level to debug.
     let filter = match debug {
         true => Targets::new().with_default(LevelFilter::DEBUG),
-        false => parse_filter(level).unwrap_or_else(|_| Targets::new().with_default(LevelFilter::INFO)),
+        false => crate::config::parse_filter(level)
+            .unwrap_or_else(|_| Targets::new().with_default(LevelFilter::INFO)),
     };
     // Non-blocking: if containerd stops reading (restart), a full pipe drops lines instead of
     // stalling the pod's RPCs.

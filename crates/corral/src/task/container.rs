@@ -41,19 +41,6 @@ struct Exec {
     spec: Value,
 }
 
-/// Ids become runc ids and file names: keep them to a safe alphabet.
-pub fn validate_id(field: &str, id: &str) -> Result<()> {
-    let ok = !id.is_empty()
-        && id.len() <= 128
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-        && !id.starts_with('.');
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::invalid(format!("{field}: {id:?} is not a valid id (1-128 of [A-Za-z0-9_.-])")))
-    }
-}
-
 /// The request's `terminal` must agree with the spec's, which is what runc acts on.
 fn check_terminal(field: &str, terminal: bool, process: Option<&Value>) -> Result<()> {
     let in_spec = process.is_some_and(oci::wants_terminal);
@@ -94,7 +81,7 @@ impl Container {
         req: &CreateTaskRequest,
         pod: &PodContext,
     ) -> Result<Container> {
-        validate_id("id", &req.id)?;
+        crate::ids::validate("id", &req.id)?;
         if !req.checkpoint.is_empty() {
             return Err(Error::Unimplemented(
                 "checkpoint: restoring from a checkpoint is not supported".into(),
@@ -248,7 +235,7 @@ impl Container {
 
     /// Registers an exec (Task.Exec); it runs on Start.
     pub fn add_exec(&self, req: &ExecProcessRequest) -> Result<Arc<Process>> {
-        validate_id("exec_id", &req.exec_id)?;
+        crate::ids::validate("exec_id", &req.exec_id)?;
         if self.init.status() != Status::Running || self.init.exit().is_some() {
             return Err(Error::precondition(format!("container {}: not running; cannot exec", self.id)));
         }

@@ -7,7 +7,7 @@ use containerd_shim_protos::types::mount::Mount;
 use nix::mount::{mount, MsFlags};
 
 use crate::error::{Error, IoContext, Result};
-use crate::pod::files::unmount_if_mounted;
+use crate::sys::mount::{is_mount_point, unmount_if_mounted};
 
 /// Mount options that are flags, not filesystem data.
 fn flag(option: &str) -> Option<(bool, MsFlags)> {
@@ -84,15 +84,6 @@ pub fn unmount_rootfs(target: &Path) -> Result<()> {
         unmount_if_mounted(target)?;
     }
     Ok(())
-}
-
-/// Whether `path` is a mount point, from /proc/self/mountinfo.
-pub fn is_mount_point(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let wanted = path.to_string_lossy();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(wanted.as_ref()))
 }
 
 #[cfg(test)]

@@ -17,10 +17,6 @@ use tokio::process::Command;
 
 use crate::error::{Error, IoContext, Result};
 
-/// Where corral keeps runc's state: one root per containerd namespace, on tmpfs, stable across
-/// containerd restarts so `delete` can find containers without the server.
-pub const DEFAULT_ROOT: &str = "/run/corral/runc";
-
 #[derive(Clone, Debug)]
 pub struct Runc {
     pub binary: PathBuf,
