@@ -2,6 +2,7 @@
 //! lives here and in `holder::child`.
 
 pub mod lock;
+pub mod mount_api;
 pub mod ns;
 pub mod pidfd;
 pub mod reaper;

@@ -1,5 +1,6 @@
 //! Mounting the container's rootfs (the snapshot mounts containerd sends in Task.Create) onto
-//! `<bundle>/rootfs`, and unmounting it.
+//! `<bundle>/rootfs`, and unmounting it. Mounts with containerd's `uidmap=`/`gidmap=` options are
+//! idmapped with the container's user namespace (see [`super::idmap`]).
 
 use std::path::Path;
 
@@ -8,6 +9,8 @@ use nix::mount::{mount, MsFlags};
 
 use crate::error::{Error, IoContext, Result};
 use crate::pod::files::unmount_if_mounted;
+use crate::sys::mount_api::{self, CopyOptions};
+use crate::task::idmap::{self, PodUserns};
 
 /// Mount options that are flags, not filesystem data.
 fn flag(option: &str) -> Option<(bool, MsFlags)> {
@@ -50,27 +53,74 @@ pub fn parse_options(options: &[String]) -> (MsFlags, String) {
 }
 
 /// Mounts every rootfs mount onto `target`, in order; on failure undoes what it mounted.
-pub fn mount_rootfs(mounts: &[Mount], target: &Path) -> Result<()> {
+/// `userns` is the user namespace the container joins, needed when a mount asks for an idmapping.
+pub fn mount_rootfs(mounts: &[Mount], target: &Path, userns: Option<&PodUserns>) -> Result<()> {
     for (i, m) in mounts.iter().enumerate() {
-        let (flags, data) = parse_options(&m.options);
-        // A bind mount has no filesystem type; "bind" as a type is containerd's spelling of it.
-        let fstype = if m.type_.is_empty() || m.type_ == "bind" { None } else { Some(m.type_.as_str()) };
-        let data = (!data.is_empty()).then_some(data.as_str());
-        if data.is_some_and(|d| d.len() >= 4096) {
-            let _ = unmount_rootfs(target);
-            return Err(Error::invalid(format!(
-                "rootfs[{i}].options: longer than a page ({} bytes)",
-                data.map_or(0, str::len)
-            )));
-        }
-        if let Err(e) = mount(Some(m.source.as_str()), target, fstype, flags, data)
-            .with_path(&format!("mount rootfs[{i}] ({} {}) on", m.type_, m.source), target)
-        {
+        if let Err(e) = mount_one(&format!("rootfs[{i}]"), m, target, userns) {
             let _ = unmount_rootfs(target);
             return Err(e);
         }
     }
     Ok(())
+}
+
+fn mount_one(field: &str, m: &Mount, target: &Path, userns: Option<&PodUserns>) -> Result<()> {
+    let (mut options, idmapping) = idmap::split_rootfs_options(field, &m.options)?;
+    // A bind mount has no filesystem type; "bind" as a type is containerd's spelling of it.
+    let is_bind = m.type_.is_empty() || m.type_ == "bind";
+    let mut _layers = Vec::new();
+    if let Some((uids, gids)) = &idmapping {
+        let userns = userns.ok_or_else(|| {
+            Error::invalid(format!(
+                "{field}.options: uidmap=/gidmap= ask for an idmapped rootfs, but the container \
+                 joins no existing user namespace"
+            ))
+        })?;
+        userns.check(&format!("{field}.options uidmap/gidmap"), uids, gids)?;
+        if is_bind {
+            return idmapped_bind(field, m, &options, target, userns);
+        }
+        if m.type_ != "overlay" {
+            return Err(Error::Unimplemented(format!(
+                "{field}: idmapped rootfs mounts of type {:?} are not supported (overlay and bind are)",
+                m.type_
+            )));
+        }
+        // Kept open until the overlay is mounted: its lowerdirs are these fds' paths.
+        _layers = idmap::idmap_lowerdirs(field, &mut options, userns)?;
+    }
+    let (flags, data) = parse_options(&options);
+    let fstype = if is_bind { None } else { Some(m.type_.as_str()) };
+    let data = (!data.is_empty()).then_some(data.as_str());
+    if data.is_some_and(|d| d.len() >= 4096) {
+        return Err(Error::invalid(format!(
+            "{field}.options: longer than a page ({} bytes)",
+            data.map_or(0, str::len)
+        )));
+    }
+    mount(Some(m.source.as_str()), target, fstype, flags, data)
+        .with_path(&format!("mount {field} ({} {}) on", m.type_, m.source), target)
+}
+
+/// An idmapped bind rootfs (a snapshot without parents): an idmapped copy of the source.
+fn idmapped_bind(
+    field: &str,
+    m: &Mount,
+    options: &[String],
+    target: &Path,
+    userns: &PodUserns,
+) -> Result<()> {
+    let (flags, data) = parse_options(options);
+    if !data.is_empty() {
+        return Err(Error::invalid(format!("{field}.options: {data:?} on an idmapped bind mount")));
+    }
+    let opts = CopyOptions {
+        recursive_clone: flags.contains(MsFlags::MS_REC),
+        recursive_idmap: false,
+        readonly: flags.contains(MsFlags::MS_RDONLY),
+    };
+    mount_api::idmapped_copy(Path::new(&m.source), target, userns.fd(), opts)
+        .with_path(&format!("mount {field} (idmapped bind {}) on", m.source), target)
 }
 
 /// Unmounts everything stacked on `target`.
