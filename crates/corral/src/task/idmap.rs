@@ -254,6 +254,7 @@ impl BindCopies {
         let base = match &self.dir {
             Some(d) => d.clone(),
             None => {
+                sweep_stale(Path::new(COPIES_DIR));
                 let d = Path::new(COPIES_DIR).join(format!(
                     "{}-{}",
                     std::process::id(),
@@ -303,6 +304,28 @@ impl BindCopies {
             }
         }
         first.map_or(Ok(()), Err)
+    }
+}
+
+/// Releases the copies of shims that died between preparing them and `runc create` (each
+/// directory is named `<shim pid>-<n>`, so a live shim's copies are left alone).
+pub fn sweep_stale(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name.to_str().and_then(|n| n.split('-').next()).and_then(|p| p.parse::<u32>().ok());
+        if pid.is_none_or(|pid| Path::new(&format!("/proc/{pid}")).exists()) {
+            continue;
+        }
+        let points = std::fs::read_dir(entry.path())
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        let mut stale = BindCopies { dir: Some(entry.path()), points };
+        if let Err(e) = stale.release() {
+            tracing::warn!(error = %e, "release stale idmapped copies");
+        }
     }
 }
 
@@ -418,9 +441,11 @@ mod tests {
 
     impl Userns {
         fn new() -> Userns {
-            let child =
-                std::process::Command::new("unshare").args(["--user", "sleep", "60"]).spawn().unwrap();
-            let pid = child.id();
+            // Owned (so killed and reaped) from the start, whatever happens below.
+            let ns = Userns(
+                std::process::Command::new("unshare").args(["--user", "sleep", "60"]).spawn().unwrap(),
+            );
+            let pid = ns.0.id();
             let ours = std::fs::metadata("/proc/self/ns/user").unwrap().ino();
             for _ in 0..500 {
                 let ino = std::fs::metadata(format!("/proc/{pid}/ns/user")).map(|m| m.ino());
@@ -429,7 +454,7 @@ mod tests {
                 if ino.is_ok_and(|i| i != ours) && comm.trim() == "sleep" {
                     std::fs::write(format!("/proc/{pid}/uid_map"), "0 196608 65536").unwrap();
                     std::fs::write(format!("/proc/{pid}/gid_map"), "0 196608 65536").unwrap();
-                    return Userns(child);
+                    return ns;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
@@ -524,6 +549,27 @@ mod tests {
         assert!(!hosts.exists() && !hosts.parent().unwrap().exists(), "copies and their directory removed");
         assert_eq!(owner(&dir.join("hosts")), (0, 0), "the source is not chowned");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn sweeps_the_copies_of_dead_shims_only() {
+        let base = std::env::temp_dir().join(format!("corral-idmap-sweep-{}", std::process::id()));
+        let source = base.join("source");
+        std::fs::create_dir_all(source.join("keep")).unwrap();
+        let mut dead = std::process::Command::new("true").spawn().unwrap();
+        let dead_pid = dead.id();
+        dead.wait().unwrap();
+        let stale = base.join(format!("{dead_pid}-0"));
+        let live = base.join(format!("{}-0", std::process::id()));
+        std::fs::create_dir_all(stale.join("0")).unwrap();
+        std::fs::create_dir_all(live.join("0")).unwrap();
+        let bind = nix::mount::MsFlags::MS_BIND;
+        nix::mount::mount(Some(&source), &stale.join("0"), None::<&str>, bind, None::<&str>).unwrap();
+        sweep_stale(&base);
+        assert!(!stale.exists(), "a dead shim's copies are detached and removed");
+        assert!(source.join("keep").exists(), "through the mount nothing was removed");
+        assert!(live.join("0").exists(), "a live shim's copies stay");
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]
