@@ -109,20 +109,51 @@ pub fn map_lowerdirs(
     Ok(())
 }
 
-/// Idmaps each lower layer of an overlay: a read-only idmapped copy per layer, which overlayfs
-/// reaches through `/proc/self/fd/<fd>`. The copies are never attached anywhere; overlayfs keeps
-/// its own references once mounted, so the returned fds may be closed right after the mount.
-pub fn idmap_lowerdirs(field: &str, options: &mut [String], userns: &PodUserns) -> Result<Vec<OwnedFd>> {
-    let mut fds = Vec::new();
-    map_lowerdirs(field, options, |layer| {
-        let tree = mount_api::clone_tree(layer, false).with_path("open_tree (clone) lower layer", layer)?;
-        mount_api::set_idmap(tree.as_fd(), userns.fd(), true, false)
-            .with_path("idmap (mount_setattr) lower layer", layer)?;
-        let path = format!("/proc/self/fd/{}", tree.as_raw_fd());
-        fds.push(tree);
-        Ok(path)
+/// How overlayfs is given the idmapped copies of the lower layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerPaths {
+    /// Detached copies reached through `/proc/self/fd/<fd>`: nothing enters the mount table, so
+    /// nothing can leak. Needs an overlayfs that takes detached mounts as layers (6.18 does).
+    Detached,
+    /// Copies attached under [`COPIES_DIR`], as containerd does: for older kernels.
+    Attached,
+}
+
+/// The idmapped copies of an overlay's lower layers. Keep it until the overlay is mounted;
+/// overlayfs then holds its own private copies, so dropping it releases nothing the overlay needs.
+#[derive(Debug, Default)]
+pub struct IdmappedLayers {
+    fds: Vec<OwnedFd>,
+    attached: BindCopies,
+}
+
+/// Idmaps each lower layer of an overlay (read-only) and points `lowerdir=` at the copies.
+pub fn idmap_lowerdirs(
+    field: &str,
+    options: &mut [String],
+    userns: &PodUserns,
+    how: LayerPaths,
+) -> Result<IdmappedLayers> {
+    let mut layers = IdmappedLayers::default();
+    map_lowerdirs(field, options, |layer| match how {
+        LayerPaths::Detached => {
+            let tree =
+                mount_api::clone_tree(layer, false).with_path("open_tree (clone) lower layer", layer)?;
+            mount_api::set_idmap(tree.as_fd(), userns.fd(), true, false)
+                .with_path("idmap (mount_setattr) lower layer", layer)?;
+            let path = format!("/proc/self/fd/{}", tree.as_raw_fd());
+            layers.fds.push(tree);
+            Ok(path)
+        }
+        LayerPaths::Attached => {
+            let target = layers.attached.placeholder(true)?;
+            let opts = CopyOptions { readonly: true, ..Default::default() };
+            mount_api::idmapped_copy(layer, &target, userns.fd(), opts)
+                .with_path(&format!("idmapped copy of lower layer {} on", layer.display()), &target)?;
+            Ok(target.display().to_string())
+        }
     })?;
-    Ok(fds)
+    Ok(layers)
 }
 
 /// The user namespace a container joins and its mappings, as the spec gives them.
@@ -475,6 +506,12 @@ mod tests {
         }
     }
 
+    /// Whether any of `paths` is a mount point.
+    fn mounted_any(paths: &[&str]) -> bool {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        info.lines().any(|l| l.split(' ').nth(4).is_some_and(|mp| paths.contains(&mp)))
+    }
+
     fn owner(path: &Path) -> (u32, u32) {
         let m = std::fs::metadata(path).unwrap();
         (m.uid(), m.gid())
@@ -492,27 +529,28 @@ mod tests {
         std::os::unix::fs::chown(dir.join("upper"), Some(196608), Some(196608)).unwrap();
         let ns = Userns::new();
         let userns = PodUserns::from_spec(&ns.spec()).unwrap().unwrap();
-        let mut opts = strings(&[
+        let opts = strings(&[
             &format!("lowerdir={}:{}", dir.join("l1").display(), dir.join("l2").display()),
             &format!("upperdir={}", dir.join("upper").display()),
             &format!("workdir={}", dir.join("work").display()),
         ]);
-        let layers = idmap_lowerdirs("rootfs[0]", &mut opts, &userns).unwrap();
-        assert_eq!(layers.len(), 2);
-        let data = opts.join(",");
         let merged = dir.join("merged");
-        nix::mount::mount(
-            Some("overlay"),
-            &merged,
-            Some("overlay"),
-            nix::mount::MsFlags::empty(),
-            Some(data.as_str()),
-        )
-        .unwrap();
-        drop(layers);
-        let seen = [owner(&merged), owner(&merged.join("file")), owner(&merged.join("sub"))];
-        nix::mount::umount2(&merged, nix::mount::MntFlags::MNT_DETACH).unwrap();
-        assert_eq!(seen, [(196608, 196608); 3], "/, a lower file, a lower dir");
+        for how in [LayerPaths::Detached, LayerPaths::Attached] {
+            let mut opts = opts.clone();
+            let layers = idmap_lowerdirs("rootfs[0]", &mut opts, &userns, how).unwrap();
+            let data = opts.join(",");
+            let flags = nix::mount::MsFlags::empty();
+            nix::mount::mount(Some("overlay"), &merged, Some("overlay"), flags, Some(data.as_str())).unwrap();
+            drop(layers);
+            let seen = [owner(&merged), owner(&merged.join("file")), owner(&merged.join("sub"))];
+            nix::mount::umount2(&merged, nix::mount::MntFlags::MNT_DETACH).unwrap();
+            assert_eq!(seen, [(196608, 196608); 3], "{how:?}: /, a lower file, a lower dir");
+            if how == LayerPaths::Attached {
+                assert!(opts[0].contains(COPIES_DIR), "{opts:?}");
+                let copies: Vec<_> = opts[0]["lowerdir=".len()..].split(':').collect();
+                assert!(!mounted_any(&copies), "attached layer copies released: {copies:?}");
+            }
+        }
         assert_eq!(owner(&dir.join("l1/file")), (0, 0), "layers are not chowned");
         assert_eq!(owner(&dir.join("l2/sub")), (0, 0));
         std::fs::remove_dir_all(&dir).unwrap();

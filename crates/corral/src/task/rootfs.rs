@@ -10,7 +10,7 @@ use nix::mount::{mount, MsFlags};
 use crate::error::{Error, IoContext, Result};
 use crate::pod::files::unmount_if_mounted;
 use crate::sys::mount_api::{self, CopyOptions};
-use crate::task::idmap::{self, PodUserns};
+use crate::task::idmap::{self, LayerPaths, PodUserns};
 
 /// Mount options that are flags, not filesystem data.
 fn flag(option: &str) -> Option<(bool, MsFlags)> {
@@ -65,31 +65,48 @@ pub fn mount_rootfs(mounts: &[Mount], target: &Path, userns: Option<&PodUserns>)
 }
 
 fn mount_one(field: &str, m: &Mount, target: &Path, userns: Option<&PodUserns>) -> Result<()> {
-    let (mut options, idmapping) = idmap::split_rootfs_options(field, &m.options)?;
+    let (options, idmapping) = idmap::split_rootfs_options(field, &m.options)?;
     // A bind mount has no filesystem type; "bind" as a type is containerd's spelling of it.
     let is_bind = m.type_.is_empty() || m.type_ == "bind";
-    let mut _layers = Vec::new();
-    if let Some((uids, gids)) = &idmapping {
-        let userns = userns.ok_or_else(|| {
-            Error::invalid(format!(
-                "{field}.options: uidmap=/gidmap= ask for an idmapped rootfs, but the container \
-                 joins no existing user namespace"
-            ))
-        })?;
-        userns.check(&format!("{field}.options uidmap/gidmap"), uids, gids)?;
-        if is_bind {
-            return idmapped_bind(field, m, &options, target, userns);
-        }
-        if m.type_ != "overlay" {
-            return Err(Error::Unimplemented(format!(
-                "{field}: idmapped rootfs mounts of type {:?} are not supported (overlay and bind are)",
-                m.type_
-            )));
-        }
-        // Kept open until the overlay is mounted: its lowerdirs are these fds' paths.
-        _layers = idmap::idmap_lowerdirs(field, &mut options, userns)?;
+    let Some((uids, gids)) = &idmapping else {
+        return mount_with(field, m, target, &options);
+    };
+    let userns = userns.ok_or_else(|| {
+        Error::invalid(format!(
+            "{field}.options: uidmap=/gidmap= ask for an idmapped rootfs, but the container \
+             joins no existing user namespace"
+        ))
+    })?;
+    userns.check(&format!("{field}.options uidmap/gidmap"), uids, gids)?;
+    if is_bind {
+        return idmapped_bind(field, m, &options, target, userns);
     }
-    let (flags, data) = parse_options(&options);
+    if m.type_ != "overlay" {
+        return Err(Error::Unimplemented(format!(
+            "{field}: idmapped rootfs mounts of type {:?} are not supported (overlay and bind are)",
+            m.type_
+        )));
+    }
+    // Detached layer copies first; a kernel whose overlayfs refuses them (EINVAL) gets them
+    // attached.
+    let mut detached = options.clone();
+    let layers = idmap::idmap_lowerdirs(field, &mut detached, userns, LayerPaths::Detached)?;
+    match mount_with(field, m, target, &detached) {
+        Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
+            drop(layers);
+            tracing::debug!(field, "overlayfs refused detached idmapped layers; attaching them");
+            let mut attached = options;
+            let _layers = idmap::idmap_lowerdirs(field, &mut attached, userns, LayerPaths::Attached)?;
+            mount_with(field, m, target, &attached)
+        }
+        done => done,
+    }
+}
+
+/// mount(2) of `m` on `target` with `options` (flags and data).
+fn mount_with(field: &str, m: &Mount, target: &Path, options: &[String]) -> Result<()> {
+    let (flags, data) = parse_options(options);
+    let is_bind = m.type_.is_empty() || m.type_ == "bind";
     let fstype = if is_bind { None } else { Some(m.type_.as_str()) };
     let data = (!data.is_empty()).then_some(data.as_str());
     if data.is_some_and(|d| d.len() >= 4096) {
