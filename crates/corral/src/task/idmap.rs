@@ -368,12 +368,60 @@ impl Drop for BindCopies {
     }
 }
 
+/// Test helpers shared with [`super::rootfs`]'s tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::os::unix::fs::MetadataExt;
+
+    use serde_json::{json, Value};
+
+    /// A process in a new user namespace mapping 0..65536 to 196608.., as CRI makes for a pod.
+    pub(crate) struct Userns(std::process::Child);
+
+    impl Userns {
+        pub(crate) fn new() -> Userns {
+            // Owned (so killed and reaped) from the start, whatever happens below.
+            let ns = Userns(
+                std::process::Command::new("unshare").args(["--user", "sleep", "60"]).spawn().unwrap(),
+            );
+            let pid = ns.0.id();
+            let ours = std::fs::metadata("/proc/self/ns/user").unwrap().ino();
+            for _ in 0..500 {
+                let ino = std::fs::metadata(format!("/proc/{pid}/ns/user")).map(|m| m.ino());
+                // After exec: the user namespace is new and `sleep` runs.
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                if ino.is_ok_and(|i| i != ours) && comm.trim() == "sleep" {
+                    std::fs::write(format!("/proc/{pid}/uid_map"), "0 196608 65536").unwrap();
+                    std::fs::write(format!("/proc/{pid}/gid_map"), "0 196608 65536").unwrap();
+                    return ns;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            panic!("unshare --user did not start");
+        }
+
+        pub(crate) fn spec(&self) -> Value {
+            let map = json!([{"containerID": 0, "hostID": 196608, "size": 65536}]);
+            json!({"linux": {"namespaces": [{"type": "user", "path": format!("/proc/{}/ns/user", self.0.id())}],
+                             "uidMappings": map, "gidMappings": map}})
+        }
+    }
+
+    impl Drop for Userns {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::MetadataExt;
 
     use serde_json::json;
 
+    use super::testing::Userns;
     use super::*;
 
     fn strings(v: &[&str]) -> Vec<String> {
@@ -465,45 +513,6 @@ mod tests {
             spec_mappings("mounts[2].uidMappings", Some(&bad)).unwrap_err().to_string(),
             "mounts[2].uidMappings[0].hostID: missing or not a 32-bit unsigned number"
         );
-    }
-
-    /// A process in a new user namespace mapping 0..65536 to 196608.., as CRI makes for a pod.
-    struct Userns(std::process::Child);
-
-    impl Userns {
-        fn new() -> Userns {
-            // Owned (so killed and reaped) from the start, whatever happens below.
-            let ns = Userns(
-                std::process::Command::new("unshare").args(["--user", "sleep", "60"]).spawn().unwrap(),
-            );
-            let pid = ns.0.id();
-            let ours = std::fs::metadata("/proc/self/ns/user").unwrap().ino();
-            for _ in 0..500 {
-                let ino = std::fs::metadata(format!("/proc/{pid}/ns/user")).map(|m| m.ino());
-                // After exec: the user namespace is new and `sleep` runs.
-                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-                if ino.is_ok_and(|i| i != ours) && comm.trim() == "sleep" {
-                    std::fs::write(format!("/proc/{pid}/uid_map"), "0 196608 65536").unwrap();
-                    std::fs::write(format!("/proc/{pid}/gid_map"), "0 196608 65536").unwrap();
-                    return ns;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            panic!("unshare --user did not start");
-        }
-
-        fn spec(&self) -> Value {
-            let map = json!([{"containerID": 0, "hostID": 196608, "size": 65536}]);
-            json!({"linux": {"namespaces": [{"type": "user", "path": format!("/proc/{}/ns/user", self.0.id())}],
-                             "uidMappings": map, "gidMappings": map}})
-        }
-    }
-
-    impl Drop for Userns {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
     }
 
     /// Whether any of `paths` is a mount point.

@@ -179,4 +179,84 @@ mod tests {
         assert_eq!(flags, MsFlags::MS_BIND | MsFlags::MS_REC);
         assert_eq!(data, "");
     }
+
+    /// containerd 2.1.9's idmapped rootfs mounts (overlay with parents, bind without), mounted
+    /// through the real kernel: the container's root owns what the host's root owns, and the
+    /// snapshot's files keep their owners.
+    #[test]
+    fn mounts_containerd_idmapped_rootfs_options() {
+        use std::os::unix::fs::MetadataExt;
+
+        use crate::task::idmap::testing::Userns;
+
+        let dir = std::env::temp_dir().join(format!("corral-rootfs-idmap-{}", std::process::id()));
+        for d in ["1/fs/bin", "2/fs", "2/work", "rootfs"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        std::fs::write(dir.join("1/fs/bin/sh"), "x").unwrap();
+        std::os::unix::fs::chown(dir.join("2/fs"), Some(196608), Some(196608)).unwrap();
+        let ns = Userns::new();
+        let userns = PodUserns::from_spec(&ns.spec()).unwrap().unwrap();
+        let owner = |p: &Path| {
+            let m = std::fs::metadata(p).unwrap();
+            (m.uid(), m.gid())
+        };
+        let mount = |type_: &str, source: &Path, options: &[String]| Mount {
+            type_: type_.into(),
+            source: source.display().to_string(),
+            options: options.to_vec(),
+            ..Default::default()
+        };
+        let map = ["uidmap=0:196608:65536".to_string(), "gidmap=0:196608:65536".to_string()];
+        let p = |s: &str| dir.join(s).display().to_string();
+        let overlay_opts = [
+            &map[..],
+            &[
+                "index=off".into(),
+                format!("workdir={}", p("2/work")),
+                format!("upperdir={}", p("2/fs")),
+                format!("lowerdir={}", p("1/fs")),
+            ],
+        ]
+        .concat();
+        let target = dir.join("rootfs");
+        let cases = [
+            (mount("overlay", Path::new("overlay"), &overlay_opts), (196608, 196608)),
+            // A snapshot without parents: containerd idmaps the bind itself.
+            (
+                mount("bind", &dir.join("1/fs"), &[&map[..], &["rw".into(), "rbind".into()]].concat()),
+                (196608, 196608),
+            ),
+        ];
+        for (m, root_owner) in cases {
+            mount_rootfs(std::slice::from_ref(&m), &target, Some(&userns)).unwrap();
+            let seen = (owner(&target), owner(&target.join("bin/sh")));
+            unmount_rootfs(&target).unwrap();
+            assert_eq!(seen, (root_owner, (196608, 196608)), "{}", m.type_);
+            assert!(!is_mount_point(&target));
+        }
+        assert_eq!(owner(&dir.join("1/fs/bin/sh")), (0, 0), "the layer is not chowned");
+
+        // Refusals name the mount.
+        let err = mount_rootfs(&[mount("overlay", Path::new("overlay"), &overlay_opts)], &target, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("rootfs[0].options: uidmap=/gidmap= ask for an idmapped rootfs"), "{err}");
+        let other = ["uidmap=0:500000:65536".to_string(), "gidmap=0:500000:65536".to_string()];
+        let err = mount_rootfs(&[mount("bind", &dir.join("1/fs"), &other)], &target, Some(&userns))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("rootfs[0].options uidmap/gidmap: idmapping"), "{err}");
+        assert!(!is_mount_point(&target));
+        std::fs::remove_dir_all(&dir).unwrap();
+
+        fn cases_without_userns(opts: &[String]) -> Mount {
+            Mount {
+                type_: "overlay".into(),
+                source: "overlay".into(),
+                options: opts.to_vec(),
+                ..Default::default()
+            }
+        }
+    }
 }
