@@ -249,14 +249,5 @@ mod tests {
         assert!(err.starts_with("rootfs[0].options uidmap/gidmap: idmapping"), "{err}");
         assert!(!is_mount_point(&target));
         std::fs::remove_dir_all(&dir).unwrap();
-
-        fn cases_without_userns(opts: &[String]) -> Mount {
-            Mount {
-                type_: "overlay".into(),
-                source: "overlay".into(),
-                options: opts.to_vec(),
-                ..Default::default()
-            }
-        }
     }
 }
