@@ -1,11 +1,15 @@
 //! User namespace mode POD: CRI makes the pod's netns inside a new user namespace; the holder
-//! joins that user namespace first, so the pod's IPC and UTS namespaces are owned by it.
+//! joins that user namespace first, so the pod's IPC and UTS namespaces are owned by it. A
+//! container of such a pod (`hostUsers: false`) gets an idmapped rootfs and idmapped pod files:
+//! root inside owns and can write them, and nothing on the host is chowned.
 
+use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use corral_rig::cri::pod_ns;
+use corral_rig::cri::{container_config, container_ns, pod_ns};
 use corral_rig::{probe, Options, Rig};
 use k8s_cri::v1::{IdMapping, NamespaceMode, UserNamespace};
 
@@ -43,5 +47,116 @@ async fn a_pod_user_namespace_owns_the_pod_namespaces() -> Result<()> {
         );
     }
     cri.stop_and_remove_pod(&pod).await?;
+    Ok(())
+}
+
+/// Where corral attaches idmapped copies of bind sources until `runc create` has used them.
+const COPIES_DIR: &str = "/run/corral/idmap";
+
+/// kubelet's shape of mapping: 65536 ids from a multiple of 65536.
+const HOST_ID: u32 = 196_608;
+
+fn userns_pod() -> UserNamespace {
+    let map = || vec![IdMapping { host_id: HOST_ID, container_id: 0, length: 65_536 }];
+    UserNamespace { mode: NamespaceMode::Pod as i32, uids: map(), gids: map() }
+}
+
+/// Owner (uid:gid) of every file below `dir`, without following symlinks.
+fn owners(dir: &Path, into: &mut BTreeMap<PathBuf, (u32, u32)>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = std::fs::symlink_metadata(entry.path())?;
+        into.insert(entry.path(), (meta.uid(), meta.gid()));
+        if meta.is_dir() {
+            owners(&entry.path(), into)?;
+        }
+    }
+    Ok(())
+}
+
+/// The overlay option `key=` of the mount on `target`, from our mountinfo.
+fn overlay_option(target: &str, key: &str) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let line = info.lines().find(|l| l.split(' ').nth(4) == Some(target))?;
+    let super_opts = line.rsplit(' ').next()?;
+    super_opts.split(',').find_map(|o| o.strip_prefix(&format!("{key}=")).map(str::to_string))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_in_a_user_namespace_pod_owns_its_idmapped_rootfs() -> Result<()> {
+    let rig = Rig::start(Options::default()).await?;
+    let mut cri = rig.cri().await?;
+    let mut cfg = rig.pod_config("userns-ctr");
+    pod_ns(&mut cfg).userns_options = Some(userns_pod());
+    let pod = cri.run_pod(&cfg, "corral").await?;
+
+    // The image's layers as they are on the host before any container of the pod exists.
+    let snapshots = rig.root.join("io.containerd.snapshotter.v1.overlayfs/snapshots");
+    let mut before = BTreeMap::new();
+    owners(&snapshots, &mut before).with_context(|| format!("walk {}", snapshots.display()))?;
+    anyhow::ensure!(
+        before.keys().any(|p| p.ends_with("fs/bin/busybox")),
+        "busybox's layer not found under {}",
+        snapshots.display()
+    );
+
+    let mut ctr = container_config("app", "exec sleep 1000");
+    container_ns(&mut ctr).userns_options = Some(userns_pod());
+    let id = cri.run_container(&pod, &cfg, &ctr).await.context("run a container in a hostUsers:false pod")?;
+    let sh = |script: &str| ["sh".to_string(), "-c".to_string(), script.to_string()];
+    let mut run = async |script: &str| -> Result<String> {
+        let cmd = sh(script);
+        let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        let (code, out, err) = cri.exec_sync(&id, &cmd).await?;
+        anyhow::ensure!(code == 0, "{script:?} exited {code}: {err}");
+        Ok(out.trim().to_string())
+    };
+
+    let uid_map = run("cat /proc/self/uid_map").await?;
+    assert_eq!(uid_map.split_whitespace().collect::<Vec<_>>(), ["0", "196608", "65536"], "CRI's mapping");
+    let gid_map = run("cat /proc/self/gid_map").await?;
+    assert_eq!(gid_map.split_whitespace().collect::<Vec<_>>(), ["0", "196608", "65536"]);
+    assert_eq!(run("stat -c %u:%g /").await?, "0:0", "/ is root's");
+    assert_eq!(run("stat -c %u:%g /bin/busybox /etc").await?, "0:0\n0:0", "image files are root's");
+    run("touch /newfile && echo hi > /etc/written").await.context("root writes its rootfs")?;
+    assert_eq!(run("stat -c %u:%g /newfile /etc/written").await?, "0:0\n0:0");
+    for path in ["/etc/hostname", "/etc/hosts", "/etc/resolv.conf", "/dev/shm"] {
+        assert_eq!(run(&format!("stat -c %u:%g {path}")).await?, "0:0", "{path} is root's inside");
+    }
+    run("echo note > /dev/shm/note && echo 127.0.0.2 extra >> /etc/hosts")
+        .await
+        .context("root writes the pod files")?;
+
+    // On the host: the new file is the mapped root's in the container's upper dir (the kernel
+    // mapped it, nothing was chowned), and the image's layers are exactly as before.
+    let rootfs = rig.state.join(format!("io.containerd.runtime.v2.task/k8s.io/{id}/rootfs"));
+    let upper = overlay_option(&rootfs.display().to_string(), "upperdir")
+        .with_context(|| format!("no overlay upperdir on {}", rootfs.display()))?;
+    let new = std::fs::metadata(Path::new(&upper).join("newfile"))?;
+    assert_eq!((new.uid(), new.gid()), (HOST_ID, HOST_ID), "written as the mapped root");
+    let mut after = BTreeMap::new();
+    owners(&snapshots, &mut after)?;
+    let upper_dir = Path::new(&upper).parent().context("upper has a parent")?.to_path_buf();
+    let changed: Vec<_> = before.iter().filter(|(p, o)| after.get(*p) != Some(*o)).collect();
+    assert!(changed.is_empty(), "image snapshot files changed owner: {changed:?}");
+    let layers_after: BTreeMap<_, _> =
+        after.into_iter().filter(|(p, _)| !p.starts_with(&upper_dir)).collect();
+    assert_eq!(layers_after, before, "the image's layers are untouched");
+    let shim = probe::shim_of(&pod).context("shim")?;
+    let copies: Vec<_> = std::fs::read_dir(COPIES_DIR)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(
+        !copies.iter().any(|n| n.starts_with(&format!("{shim}-"))),
+        "idmapped copies of the pod files are detached once the container is created: {copies:?}"
+    );
+
+    cri.stop_container(&id).await?;
+    cri.remove_container(&id).await?;
+    let left = probe::mounts_containing(&id);
+    assert!(left.is_empty(), "mounts left after RemoveContainer: {left:?}");
+    cri.stop_and_remove_pod(&pod).await?;
+    let left = probe::mounts_containing(COPIES_DIR);
+    assert!(left.is_empty(), "idmapped copies left: {left:?}");
     Ok(())
 }

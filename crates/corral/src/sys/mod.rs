@@ -3,6 +3,7 @@
 
 pub mod lock;
 pub mod mount;
+pub mod mount_api;
 pub mod ns;
 pub mod pidfd;
 pub mod process;

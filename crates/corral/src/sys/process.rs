@@ -110,6 +110,10 @@ mod tests {
     #[allow(clippy::zombie_processes)]
     fn signals_only_the_recorded_process() {
         let mut child = std::process::Command::new("/bin/sleep").arg("100").spawn().unwrap();
+        // Until the child has executed sleep, its argv is the test binary's.
+        while !argv(child.id() as i32).iter().any(|a| a == b"100") {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         let id = ProcessId::of(child.id() as i32).unwrap();
         let stale = ProcessId { start: id.start + 1, ..id };
         assert!(!stale.signal_if(Signal::SIGKILL, |_| true).unwrap(), "another start time");

@@ -15,7 +15,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::task::console::{Console, ConsoleSocket};
 use crate::task::oci::{self, PodContext};
 use crate::task::runc::{CreateIo, Runc};
-use crate::task::{rootfs, stdio, Stdio};
+use crate::task::{idmap, rootfs, stdio, Stdio};
 
 /// The type URL containerd gives an exec's OCI process spec.
 const PROCESS_SPEC_TYPE: &str = "types.containerd.io/opencontainers/runtime-spec/1/Process";
@@ -95,6 +95,9 @@ impl Container {
             .map_err(|e| Error::invalid(format!("{}: not JSON: {e}", config_path.display())))?;
         check_terminal("config.json process", req.terminal, spec.get("process"))?;
         oci::rewrite(&mut spec, pod)?;
+        let userns = idmap::PodUserns::from_spec(&spec)?;
+        // Attached until runc has bound them into the container (released below either way).
+        let mut bind_copies = idmap::BindCopies::prepare(&mut spec, userns.as_ref())?;
         let kill_all_on_exit = oci::shares_pid_namespace(&spec);
         let (cgroup, systemd_cgroup) = match spec.pointer("/linux/cgroupsPath").and_then(Value::as_str) {
             Some(p) if !p.is_empty() => (
@@ -108,7 +111,7 @@ impl Container {
 
         let rootfs_dir = bundle.join("rootfs");
         if !req.rootfs.is_empty() {
-            rootfs::mount_rootfs(&req.rootfs, &rootfs_dir)?;
+            rootfs::mount_rootfs(&req.rootfs, &rootfs_dir, userns.as_ref())?;
         }
         // The init is our child: keep the orphan reaper off until its pidfd claims it.
         let _busy = crate::sys::reaper::Busy::new();
@@ -123,6 +126,9 @@ impl Container {
             init.attach(read_pid(&pid_file)?)
         }
         .await;
+        if let Err(e) = bind_copies.release() {
+            tracing::warn!(container = %req.id, error = %e, "release idmapped bind copies");
+        }
         if let Err(e) = created {
             init.release_io();
             let _ = runc.delete(&req.id).await;

@@ -2,7 +2,9 @@
 //!
 //! CRI (shim mode) writes namespace paths `/proc/<sandbox pid>/ns/*` and no pod files. corral points
 //! the namespaces at its pins and adds the pod's hostname, hosts, resolv.conf and /dev/shm as bind
-//! mounts, unless the container already mounts something at that path.
+//! mounts, unless the container already mounts something at that path. In a pod with its own
+//! user namespace those mounts carry the container's id mappings, as CRI gives its own pod files,
+//! so that they are idmapped ([`super::idmap`]) and owned by the container's root.
 //!
 //! The spec is edited as a JSON tree, not through typed OCI structs, so fields corral does not
 //! know (newer runtime-spec fields, vendor annotations) pass through untouched.
@@ -58,6 +60,7 @@ pub fn rewrite(spec: &mut Value, pod: &PodContext) -> Result<()> {
         }
     }
 
+    let idmapping = pod_mount_idmapping(obj);
     let mounts = obj.entry("mounts").or_insert_with(|| json!([]));
     let mounts =
         mounts.as_array_mut().ok_or_else(|| Error::invalid("config.json: mounts is not an array"))?;
@@ -73,12 +76,12 @@ pub fn rewrite(spec: &mut Value, pod: &PodContext) -> Result<()> {
         [("/etc/hostname", &pod.hostname), ("/etc/hosts", &pod.hosts), ("/etc/resolv.conf", &pod.resolv_conf)]
     {
         if position(mounts, dest).is_none() {
-            mounts.push(bind(dest, source, file_mode));
+            mounts.push(bind(dest, source, file_mode, idmapping.as_ref()));
         }
     }
     // The pod's shm replaces the per-container tmpfs CRI adds; a volume the user mounted at
     // /dev/shm stays.
-    let shm = bind("/dev/shm", &pod.shm, "rw");
+    let shm = bind("/dev/shm", &pod.shm, "rw", idmapping.as_ref());
     match position(mounts, "/dev/shm") {
         Some(i) if is_default_shm(&mounts[i]) => mounts[i] = shm,
         Some(_) => {}
@@ -135,13 +138,30 @@ fn is_default_shm(m: &Value) -> bool {
         && m.get("source").and_then(Value::as_str) == Some("shm")
 }
 
-fn bind(destination: &str, source: &Path, mode: &str) -> Value {
-    json!({
+/// The container's (uidMappings, gidMappings) when it joins a user namespace with mappings.
+fn pod_mount_idmapping(spec: &serde_json::Map<String, Value>) -> Option<(Value, Value)> {
+    let linux = spec.get("linux")?;
+    let namespaces = linux.get("namespaces").and_then(Value::as_array)?;
+    if !namespaces.iter().any(|ns| ns["type"] == "user") {
+        return None;
+    }
+    let non_empty =
+        |key: &str| linux.get(key).filter(|v| v.as_array().is_some_and(|a| !a.is_empty())).cloned();
+    Some((non_empty("uidMappings")?, non_empty("gidMappings")?))
+}
+
+fn bind(destination: &str, source: &Path, mode: &str, idmapping: Option<&(Value, Value)>) -> Value {
+    let mut m = json!({
         "destination": destination,
         "type": "bind",
         "source": source.display().to_string(),
         "options": ["rbind", "rprivate", mode],
-    })
+    });
+    if let Some((uids, gids)) = idmapping {
+        m["uidMappings"] = uids.clone();
+        m["gidMappings"] = gids.clone();
+    }
+    m
 }
 
 #[cfg(test)]
@@ -277,6 +297,30 @@ mod tests {
         spec["linux"]["namespaces"][0] = json!({"type": "pid", "path": "/proc/777/ns/pid"});
         rewrite(&mut spec, &pod()).unwrap();
         assert_eq!(ns_path(&spec, "pid").as_deref(), Some("/proc/777/ns/pid"));
+    }
+
+    #[test]
+    fn pod_mounts_carry_the_user_namespace_mappings() {
+        let mut spec = cri_spec();
+        let map = json!([{"containerID": 0, "hostID": 196608, "size": 65536}]);
+        spec["linux"]["namespaces"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"type": "user", "path": "/proc/4242/ns/user"}));
+        spec["linux"]["uidMappings"] = map.clone();
+        spec["linux"]["gidMappings"] = map.clone();
+        rewrite(&mut spec, &pod()).unwrap();
+        for dest in ["/etc/hostname", "/etc/resolv.conf", "/dev/shm"] {
+            let m = mount_at(&spec, dest)[0];
+            assert_eq!(m["uidMappings"], map, "{dest}");
+            assert_eq!(m["gidMappings"], map, "{dest}");
+        }
+        // The container's own /etc/hosts is left as CRI wrote it.
+        assert!(mount_at(&spec, "/etc/hosts")[0].get("uidMappings").is_none());
+        // Without a user namespace: no mappings.
+        let mut spec = cri_spec();
+        rewrite(&mut spec, &pod()).unwrap();
+        assert!(mount_at(&spec, "/dev/shm")[0].get("uidMappings").is_none());
     }
 
     #[test]
