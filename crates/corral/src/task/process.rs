@@ -2,11 +2,12 @@
 //!
 //! Lifecycle: Created -> Running -> Stopped. The exit is observed once through the process's
 //! pidfd (corral is a subreaper, so inits and execs become its children when runc exits) and
-//! broadcast to every waiter.
+//! broadcast to every waiter, once the output corral copies (files, a terminal) holds everything
+//! the process wrote.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
@@ -14,6 +15,11 @@ use tokio::sync::watch;
 use crate::error::{Error, IoContext, Result};
 use crate::sys::pidfd::PidFd;
 use crate::task::stdio::{Kept, Request as Stdio};
+
+/// How long an exit waits for corral's output copies. A copy only has the pipe's or terminal's
+/// buffer to write out, so this is only reached when the destination itself blocks (a terminal's
+/// containerd FIFO that nobody reads while containerd is down).
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
@@ -104,12 +110,27 @@ impl Process {
         *self.exit.borrow()
     }
 
-    /// Waits for the exit through the pidfd and returns its status, without recording it. Run
-    /// once per process, in its own task; then [`Process::mark_exited`].
+    /// Waits for the exit through the pidfd and for the output corral copies to hold all the
+    /// process wrote, and returns its status, without recording it. Run once per process, in its
+    /// own task; then [`Process::mark_exited`].
     pub async fn observe_exit(&self) -> u32 {
-        match self.pidfd.get() {
+        let status = match self.pidfd.get() {
             Some(pidfd) => pidfd.wait().await,
             None => 255,
+        };
+        self.flush_output().await;
+        status
+    }
+
+    async fn flush_output(&self) {
+        let flushers = self.kept_io.lock().unwrap().flushers();
+        let all = async {
+            for flusher in &flushers {
+                flusher.flush().await;
+            }
+        };
+        if tokio::time::timeout(FLUSH_TIMEOUT, all).await.is_err() {
+            tracing::warn!(process = %self.id, "output copies did not flush within {FLUSH_TIMEOUT:?}");
         }
     }
 
