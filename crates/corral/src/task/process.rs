@@ -171,3 +171,43 @@ impl Process {
         pidfd.signal(sig).context(|| format!("signal {}", self.id))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    // The child is reaped through its pidfd, which clippy cannot see.
+    #[allow(clippy::zombie_processes)]
+    async fn the_exit_is_observed_once_the_output_file_holds_all_the_process_wrote() {
+        let dir = std::env::temp_dir().join(format!("corral-process-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let want: String = (1..=100_000).map(|i| format!("{i}\n")).collect();
+        // Whether the copy is behind at the exit is up to the scheduler: try it often enough
+        // that a missing flush shows.
+        for round in 0..10 {
+            let path = dir.join(format!("out-{round}.log"));
+            let uri = format!("file://{}", path.display());
+            let stdio = Stdio::checked("", &uri, &uri, false).unwrap();
+            let (io, kept) = crate::task::stdio::open(&stdio, "p", "ns").await.unwrap();
+            let child = std::process::Command::new("/usr/bin/seq")
+                .args(["1", "100000"])
+                .stdout(io.stdout)
+                .stderr(io.stderr)
+                .spawn()
+                .unwrap();
+            let process = Process::new("p", stdio);
+            process.keep_io(kept);
+            process.attach(child.id()).unwrap();
+            assert_eq!(process.observe_exit().await, 0);
+            let got = std::fs::read_to_string(&path).unwrap();
+            assert!(
+                got == want,
+                "round {round}: the file has {} of {} bytes at the exit",
+                got.len(),
+                want.len()
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
