@@ -204,3 +204,129 @@ async fn stdin_reaches_the_process_and_close_io_ends_it_and_file_stdio_works() -
         .await?;
     Ok(())
 }
+
+/// `seq 1 n` as busybox prints it.
+fn seq(n: u32) -> String {
+    (1..=n).map(|i| format!("{i}\n")).collect()
+}
+
+/// Compares a big log with what it must hold, printing only where they part.
+fn assert_log(what: &str, got: &str, want: &str) {
+    if got != want {
+        let at = got.bytes().zip(want.bytes()).take_while(|(a, b)| a == b).count();
+        let around = |s: &str| s.get(at.saturating_sub(40)..(at + 40).min(s.len())).unwrap_or("").to_string();
+        panic!(
+            "{what}: {} bytes, want {}; first difference at byte {at}: got {:?}, want {:?}",
+            got.len(),
+            want.len(),
+            around(got),
+            around(want)
+        );
+    }
+}
+
+/// An exec's OCI process, as containerd sends it.
+fn exec_spec(args: &[&str], terminal: bool) -> containerd_shim_protos::protobuf::well_known_types::any::Any {
+    let mut any = containerd_shim_protos::protobuf::well_known_types::any::Any::new();
+    any.type_url = "types.containerd.io/opencontainers/runtime-spec/1/Process".into();
+    any.value = serde_json::to_vec(&serde_json::json!({
+        "args": args, "terminal": terminal, "cwd": "/", "env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0},
+    }))
+    .unwrap();
+    any
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_output_goes_through_a_pipe_and_is_all_in_the_file_when_the_exit_is_answered() -> Result<()> {
+    // 348,894 bytes of output per process: five times a pipe's buffer.
+    const LINES: u32 = 60_000;
+    let id = format!("filelog-{}", std::process::id());
+    let (shim, _netns, holder) = DirectShim::with_pod(&id, "filelog").await?;
+    let file_uri = |name: &str| format!("file://{}", shim.dir.join("logs").join(name).display());
+    let read_log = |name: &str| std::fs::read_to_string(shim.dir.join("logs").join(name));
+
+    // The init waits for a line on stdin (so its fds can be looked at), then writes to stdout and
+    // stderr, both one file:// URI as `ctr run --log-uri` sends them.
+    let cid = format!("{id}-seq");
+    let stdin = shim.dir.join("seq-stdin");
+    nix::unistd::mkfifo(&stdin, nix::sys::stat::Mode::from_bits_truncate(0o600))?;
+    let script = format!("read go; busybox seq 1 {LINES}; echo tail-on-stderr >&2");
+    let (bundle, rootfs) =
+        corral_rig::direct::container_bundle(&shim.dir, &cid, holder, &["sh", "-c", &script])?;
+    let create = CreateTaskRequest {
+        id: cid.clone(),
+        bundle: bundle.display().to_string(),
+        rootfs,
+        stdin: stdin.display().to_string(),
+        stdout: file_uri("init.log"),
+        stderr: file_uri("init.log"),
+        ..Default::default()
+    };
+    let pid = shim.task.create(ctx(), &create).await?.pid;
+    shim.task.start(ctx(), &StartRequest { id: cid.clone(), ..Default::default() }).await?;
+
+    // On the host, the container's fds 1 and 2 are one pipe, and no fd of it is the log file.
+    let link = |fd: &str| std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).map(|p| p.display().to_string());
+    let stdout = link("1")?;
+    assert!(stdout.starts_with("pipe:["), "the container's fd 1 is {stdout:?}, not a pipe");
+    assert_eq!(link("2")?, stdout, "stdout and stderr share one pipe, as they share one file");
+    let log_path = shim.dir.join("logs/init.log").display().to_string();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let target = std::fs::read_link(fd?.path()).unwrap_or_default();
+        assert_ne!(target.display().to_string(), log_path, "the container holds the host's log file");
+    }
+
+    // An exec without a terminal: its own fd 1 is a pipe too, and all it wrote is in the file as
+    // soon as Wait answers (no polling).
+    let exec_script = format!("readlink /proc/self/fd/1; busybox seq 1 {LINES}");
+    for (exec_id, terminal) in [("plain", false), ("tty", true)] {
+        let exec = ExecProcessRequest {
+            id: cid.clone(),
+            exec_id: exec_id.into(),
+            terminal,
+            stdout: file_uri(&format!("{exec_id}.log")),
+            spec: Some(exec_spec(&["sh", "-c", &exec_script], terminal)).into(),
+            ..Default::default()
+        };
+        shim.task.exec(ctx(), &exec).await?;
+        shim.task
+            .start(ctx(), &StartRequest { id: cid.clone(), exec_id: exec_id.into(), ..Default::default() })
+            .await?;
+        let waited = tokio::time::timeout(
+            Duration::from_secs(30),
+            shim.task
+                .wait(ctx(), &WaitRequest { id: cid.clone(), exec_id: exec_id.into(), ..Default::default() }),
+        )
+        .await??;
+        assert_eq!(waited.exit_status, 0, "exec {exec_id}");
+        // A terminal turns each newline into CRLF.
+        let text = read_log(&format!("{exec_id}.log"))?.replace("\r\n", "\n");
+        let (first, rest) = text.split_once('\n').unwrap_or((&text, ""));
+        if terminal {
+            assert!(first.starts_with("/dev/pts/"), "the tty exec's fd 1 is {first:?}");
+        } else {
+            assert!(first.starts_with("pipe:["), "the exec's fd 1 is {first:?}, not a pipe");
+        }
+        assert_log(&format!("exec {exec_id}'s log"), rest, &seq(LINES));
+        shim.task
+            .delete(ctx(), &DeleteRequest { id: cid.clone(), exec_id: exec_id.into(), ..Default::default() })
+            .await?;
+    }
+
+    // Now the init writes; its whole output, stderr's tail last, is there when Wait answers.
+    let mut writer = std::fs::OpenOptions::new().write(true).open(&stdin)?;
+    std::io::Write::write_all(&mut writer, b"go\n")?;
+    let waited = tokio::time::timeout(
+        Duration::from_secs(30),
+        shim.task.wait(ctx(), &WaitRequest { id: cid.clone(), ..Default::default() }),
+    )
+    .await??;
+    assert_eq!(waited.exit_status, 0);
+    assert_log("the init's log", &read_log("init.log")?, &(seq(LINES) + "tail-on-stderr\n"));
+    drop(writer);
+    shim.task.delete(ctx(), &DeleteRequest { id: cid.clone(), ..Default::default() }).await?;
+    shim.sandbox
+        .shutdown_sandbox(ctx(), &ShutdownSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
+        .await?;
+    Ok(())
+}

@@ -1,11 +1,16 @@
 //! Pod sysctls: applied inside the pod's namespaces (as on the pause sandbox), the host's values
 //! never change, and a sysctl that would change the host is refused with nothing left behind.
+//! Keys with a literal dot (an interface named `d0.100`) are written to that interface's file in
+//! both spellings kubelet accepts; that one runs below CRI, since CRI always names the pod's
+//! interface eth0 and no sysctl name with a dot exists in a fresh network namespace.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use anyhow::Result;
-use corral_rig::cri::{container_config, Cri};
+use anyhow::{ensure, Result};
+use containerd_shim_protos::sandbox_api::ShutdownSandboxRequest;
+use corral_rig::cri::{container_config, pod_config, Cri};
+use corral_rig::direct::{ctx, DirectShim, TestNetns};
 use corral_rig::{eventually, probe, Options, Rig};
 
 const KEYS: [&str; 4] = [
@@ -103,5 +108,40 @@ async fn a_host_level_sysctl_is_refused_naming_the_key_and_nothing_is_left() -> 
         .into_inner()
         .items
         .is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sysctl_of_an_interface_with_a_dot_in_its_name_reaches_its_file_in_both_spellings() -> Result<()> {
+    let id = format!("dotif-{}", std::process::id());
+    let shim = DirectShim::start(&id).await?;
+    let netns = TestNetns::new(&format!("crl-dot-{}", std::process::id()))?;
+    let ip = |args: &[&str]| std::process::Command::new("ip").args(["-n", &netns.name]).args(args).output();
+    // A veth (the dummy driver is not built on every node; veth is, for CNI).
+    let made = ip(&["link", "add", "d0.100", "type", "veth", "peer", "name", "d1"])?;
+    ensure!(made.status.success(), "ip link add d0.100: {}", String::from_utf8_lossy(&made.stderr));
+
+    let mut cfg = pod_config("dotif", &shim.dir);
+    cfg.linux.as_mut().unwrap().sysctls = HashMap::from([
+        // sysctl(8)'s spelling: slashes separate, the dot is the name's.
+        ("net/ipv4/conf/d0.100/forwarding".to_string(), "1".to_string()),
+        // kubelet's canonical spelling of the same: dots separate, a slash is the name's dot.
+        ("net.ipv4.conf.d0/100.rp_filter".to_string(), "2".to_string()),
+    ]);
+    let holder = shim.run_pod(&cfg, &netns.path.display().to_string()).await?;
+    let netns_inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&netns.path)?);
+    assert_eq!(probe::ns(holder, "net")?, format!("net:[{netns_inode}]"), "the holder is in the test netns");
+    let read = |key: &str| -> Result<String> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &netns.name, "cat", &format!("/proc/sys/net/ipv4/conf/d0.100/{key}")])
+            .output()?;
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    assert_eq!(read("forwarding")?, "1");
+    assert_eq!(read("rp_filter")?, "2");
+
+    shim.sandbox
+        .shutdown_sandbox(ctx(), &ShutdownSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
+        .await?;
     Ok(())
 }

@@ -1,7 +1,11 @@
 //! Task events forwarded to containerd (`containerd.services.events.ttrpc.v1.Events/Forward` on
-//! TTRPC_ADDRESS). Publishing never blocks an RPC: events go into a queue that one task drains,
-//! connecting lazily and dropping events (with a log line) while containerd is unreachable.
+//! TTRPC_ADDRESS). Publishing never blocks an RPC: events go into a bounded queue (`queue.rs`
+//! says what is dropped when it is full) that one task drains, connecting lazily and dropping
+//! events (with a log line) while containerd is unreachable.
 
+mod queue;
+
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use containerd_shim_protos::events::task::{
@@ -15,13 +19,28 @@ use containerd_shim_protos::shim::event::Envelope;
 use containerd_shim_protos::shim::events::ForwardRequest;
 use containerd_shim_protos::shim_async::EventsClient;
 use containerd_shim_protos::ttrpc::context;
-use tokio::sync::mpsc;
 use tracing::{debug, warn};
+
+use queue::{Losses, Pushed, Queue};
 
 /// A typed event ready to be wrapped in an envelope.
 pub struct Event {
     topic: &'static str,
+    /// The container it is about: what OOM repeats are coalesced by.
+    container_id: String,
     payload: Any,
+}
+
+/// What losing an event costs containerd, least first: the order in which a full queue drops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Value {
+    /// paused, resumed: read by `ctr events` subscribers, not by CRI.
+    Info,
+    /// CRI marks the container OOMKilled from it.
+    Oom,
+    /// create, start, exec-added, exec-started, exit, delete: containerd's task records, and
+    /// the exits it waits for.
+    Lifecycle,
 }
 
 fn any<M: Message>(type_url: &str, msg: &M) -> Any {
@@ -36,25 +55,53 @@ pub fn timestamp(t: SystemTime) -> MessageField<Timestamp> {
 }
 
 impl Event {
+    fn value(&self) -> Value {
+        match self.topic {
+            "/tasks/paused" | "/tasks/resumed" => Value::Info,
+            "/tasks/oom" => Value::Oom,
+            _ => Value::Lifecycle,
+        }
+    }
+
     pub fn create(id: &str, bundle: &str, pid: u32) -> Event {
         let msg = TaskCreate { container_id: id.into(), bundle: bundle.into(), pid, ..Default::default() };
-        Event { topic: "/tasks/create", payload: any("containerd.events.TaskCreate", &msg) }
+        Event {
+            topic: "/tasks/create",
+            container_id: id.into(),
+            payload: any("containerd.events.TaskCreate", &msg),
+        }
     }
     pub fn start(id: &str, pid: u32) -> Event {
         let msg = TaskStart { container_id: id.into(), pid, ..Default::default() };
-        Event { topic: "/tasks/start", payload: any("containerd.events.TaskStart", &msg) }
+        Event {
+            topic: "/tasks/start",
+            container_id: id.into(),
+            payload: any("containerd.events.TaskStart", &msg),
+        }
     }
     pub fn oom(container_id: &str) -> Event {
         let msg = TaskOOM { container_id: container_id.into(), ..Default::default() };
-        Event { topic: "/tasks/oom", payload: any("containerd.events.TaskOOM", &msg) }
+        Event {
+            topic: "/tasks/oom",
+            container_id: container_id.into(),
+            payload: any("containerd.events.TaskOOM", &msg),
+        }
     }
     pub fn paused(container_id: &str) -> Event {
         let msg = TaskPaused { container_id: container_id.into(), ..Default::default() };
-        Event { topic: "/tasks/paused", payload: any("containerd.events.TaskPaused", &msg) }
+        Event {
+            topic: "/tasks/paused",
+            container_id: container_id.into(),
+            payload: any("containerd.events.TaskPaused", &msg),
+        }
     }
     pub fn resumed(container_id: &str) -> Event {
         let msg = TaskResumed { container_id: container_id.into(), ..Default::default() };
-        Event { topic: "/tasks/resumed", payload: any("containerd.events.TaskResumed", &msg) }
+        Event {
+            topic: "/tasks/resumed",
+            container_id: container_id.into(),
+            payload: any("containerd.events.TaskResumed", &msg),
+        }
     }
     pub fn exec_added(container_id: &str, exec_id: &str) -> Event {
         let msg = TaskExecAdded {
@@ -62,7 +109,11 @@ impl Event {
             exec_id: exec_id.into(),
             ..Default::default()
         };
-        Event { topic: "/tasks/exec-added", payload: any("containerd.events.TaskExecAdded", &msg) }
+        Event {
+            topic: "/tasks/exec-added",
+            container_id: container_id.into(),
+            payload: any("containerd.events.TaskExecAdded", &msg),
+        }
     }
     pub fn exec_started(container_id: &str, exec_id: &str, pid: u32) -> Event {
         let msg = TaskExecStarted {
@@ -71,7 +122,11 @@ impl Event {
             pid,
             ..Default::default()
         };
-        Event { topic: "/tasks/exec-started", payload: any("containerd.events.TaskExecStarted", &msg) }
+        Event {
+            topic: "/tasks/exec-started",
+            container_id: container_id.into(),
+            payload: any("containerd.events.TaskExecStarted", &msg),
+        }
     }
     /// `id` is the exec id, or the container id for its init.
     pub fn exit(container_id: &str, id: &str, pid: u32, status: u32, at: SystemTime) -> Event {
@@ -83,7 +138,11 @@ impl Event {
             exited_at: timestamp(at),
             ..Default::default()
         };
-        Event { topic: "/tasks/exit", payload: any("containerd.events.TaskExit", &msg) }
+        Event {
+            topic: "/tasks/exit",
+            container_id: container_id.into(),
+            payload: any("containerd.events.TaskExit", &msg),
+        }
     }
     pub fn delete(id: &str, pid: u32, status: u32, at: SystemTime) -> Event {
         let msg = TaskDelete {
@@ -94,31 +153,68 @@ impl Event {
             exited_at: timestamp(at),
             ..Default::default()
         };
-        Event { topic: "/tasks/delete", payload: any("containerd.events.TaskDelete", &msg) }
+        Event {
+            topic: "/tasks/delete",
+            container_id: id.into(),
+            payload: any("containerd.events.TaskDelete", &msg),
+        }
     }
 }
 
 #[derive(Clone)]
 pub struct Publisher {
-    tx: mpsc::UnboundedSender<Event>,
+    queue: Arc<Queue>,
 }
 
 impl Publisher {
     /// Starts the forwarding task. `address` is containerd's ttrpc socket; `None` drops events.
     pub fn spawn(address: Option<String>, namespace: String) -> Publisher {
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(forward(address, namespace, rx));
-        Publisher { tx }
+        let queue = Arc::new(Queue::new(queue::CAPACITY));
+        tokio::spawn(forward(address, namespace, queue.clone()));
+        Publisher { queue }
     }
 
     pub fn publish(&self, event: Event) {
-        let _ = self.tx.send(event);
+        let topic = event.topic;
+        // Only the first loss of a burst is told here; the forwarder reports the count.
+        match self.queue.push(event) {
+            (Pushed::Evicted(lost), 1) => {
+                warn!(
+                    lost,
+                    kept = topic,
+                    capacity = queue::CAPACITY,
+                    "events: queue full; dropping the least valuable events"
+                )
+            }
+            (Pushed::Dropped, 1) => {
+                warn!(
+                    lost = topic,
+                    capacity = queue::CAPACITY,
+                    "events: queue full; dropping the least valuable events"
+                )
+            }
+            _ => {}
+        }
     }
 }
 
-async fn forward(address: Option<String>, namespace: String, mut rx: mpsc::UnboundedReceiver<Event>) {
+fn report(losses: &Losses) {
+    if !losses.is_empty() {
+        warn!(
+            dropped = losses.dropped,
+            oom_repeats_coalesced = losses.coalesced,
+            "events: {} dropped (queue full) and {} repeated OOM events merged since the last report",
+            losses.dropped,
+            losses.coalesced
+        );
+    }
+}
+
+async fn forward(address: Option<String>, namespace: String, queue: Arc<Queue>) {
     let mut client: Option<EventsClient> = None;
-    while let Some(event) = rx.recv().await {
+    loop {
+        let (event, losses) = queue.pop().await;
+        report(&losses);
         let Some(address) = address.as_deref() else {
             continue;
         };

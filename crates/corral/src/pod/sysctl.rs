@@ -54,16 +54,32 @@ pub fn resolve(
     Ok(out)
 }
 
-/// `net/ipv4/ip_forward` and `net.ipv4.ip_forward` name the same key.
+/// The canonical spelling of a key, kubelet's and runc's: dots separate levels and a slash
+/// stands for a dot inside a level's name (`net.ipv4.conf.eth0/100.forwarding`). sysctl(8) also
+/// takes the other spelling, where slashes separate and dots are literal
+/// (`net/ipv4/conf/eth0.100/forwarding`); a key whose first separator is a slash is in that one,
+/// and swapping every '/' and '.' turns it into the canonical one.
 pub fn normalize(key: &str) -> String {
-    key.replace('/', ".")
+    match key.find(['.', '/']) {
+        Some(i) if key.as_bytes()[i] == b'/' => key
+            .chars()
+            .map(|c| match c {
+                '/' => '.',
+                '.' => '/',
+                c => c,
+            })
+            .collect(),
+        _ => key.to_string(),
+    }
 }
 
 fn check_key(key: &str, network: NsMode, ipc: NsMode) -> std::result::Result<(), String> {
     let key = normalize(key);
+    // Every piece between separators is a non-empty word, as kubelet's name pattern requires: a
+    // level's name may hold literal dots ('/' here) between words, never be `.` or `..`.
     let well_formed = !key.is_empty()
-        && key.split('.').all(|part| {
-            !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && key.split(['.', '/']).all(|word| {
+            !word.is_empty() && word.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
         });
     if !well_formed {
         return Err("not a well-formed sysctl name".into());
@@ -83,9 +99,18 @@ fn check_key(key: &str, network: NsMode, ipc: NsMode) -> std::result::Result<(),
     Err("not a namespaced sysctl; it would change the host".into())
 }
 
-/// The /proc/sys path of a validated key.
+/// The /proc/sys path of a validated, normalised key: its levels become directories, and a
+/// slash inside a level's name is the dot it stands for.
 pub fn proc_path(key: &str) -> String {
-    format!("/proc/sys/{}", key.replace('.', "/"))
+    let path: String = key
+        .chars()
+        .map(|c| match c {
+            '.' => '/',
+            '/' => '.',
+            c => c,
+        })
+        .collect();
+    format!("/proc/sys/{path}")
 }
 
 #[cfg(test)]
@@ -139,7 +164,56 @@ mod tests {
     }
 
     #[test]
-    fn proc_path_maps_dots_to_slashes() {
-        assert_eq!(proc_path("net.ipv4.ip_forward"), "/proc/sys/net/ipv4/ip_forward");
+    fn both_spellings_normalise_to_one_key_and_one_proc_path() {
+        for (key, normal, path) in [
+            ("net.ipv4.ip_forward", "net.ipv4.ip_forward", "/proc/sys/net/ipv4/ip_forward"),
+            ("net/ipv4/ip_forward", "net.ipv4.ip_forward", "/proc/sys/net/ipv4/ip_forward"),
+            (
+                "net.ipv4.conf.eth0/100.forwarding",
+                "net.ipv4.conf.eth0/100.forwarding",
+                "/proc/sys/net/ipv4/conf/eth0.100/forwarding",
+            ),
+            (
+                "net/ipv4/conf/eth0.100/forwarding",
+                "net.ipv4.conf.eth0/100.forwarding",
+                "/proc/sys/net/ipv4/conf/eth0.100/forwarding",
+            ),
+            // The first separator decides: here a dot, so the slash is a literal dot.
+            ("net.ipv6.conf.br0/5/7.mtu", "net.ipv6.conf.br0/5/7.mtu", "/proc/sys/net/ipv6/conf/br0.5.7/mtu"),
+            ("kernel/shmmax", "kernel.shmmax", "/proc/sys/kernel/shmmax"),
+            ("kernel.sem", "kernel.sem", "/proc/sys/kernel/sem"),
+            ("kernel", "kernel", "/proc/sys/kernel"),
+        ] {
+            assert_eq!(normalize(key), normal, "normalize({key:?})");
+            assert_eq!(proc_path(&normalize(key)), path, "proc_path of {key:?}");
+        }
+    }
+
+    #[test]
+    fn a_slash_spelled_key_with_a_literal_dot_is_accepted_and_written_to_its_own_file() {
+        let got =
+            resolve(&one("net/ipv4/conf/eth0.100/forwarding", "1"), NsMode::Pod, NsMode::Pod, false).unwrap();
+        let key = got.keys().find(|k| k.contains("forwarding")).expect("key kept");
+        assert_eq!(key, "net.ipv4.conf.eth0/100.forwarding");
+        assert_eq!(proc_path(key), "/proc/sys/net/ipv4/conf/eth0.100/forwarding");
+        // The allow-list sees the normalised key: slash-spelled IPC and host keys are judged too.
+        assert!(resolve(&one("kernel/shmmax", "1"), NsMode::Node, NsMode::Pod, false).is_ok());
+        let err = resolve(&one("kernel/panic", "1"), NsMode::Pod, NsMode::Pod, false).unwrap_err();
+        assert!(err.to_string().contains("not a namespaced sysctl"), "{err}");
+    }
+
+    #[test]
+    fn a_literal_dot_cannot_make_a_dot_or_dotdot_path_component() {
+        for k in [
+            "net.ipv4.conf.//.forwarding",
+            "net.ipv4.conf./.forwarding",
+            "net/ipv4/conf/../forwarding",
+            "net/ipv4/conf/./forwarding",
+            "net/ipv4/conf/eth0./forwarding",
+            "net.ipv4.conf.eth0/.forwarding",
+        ] {
+            let err = resolve(&one(k, "1"), NsMode::Pod, NsMode::Pod, false).unwrap_err().to_string();
+            assert!(err.contains("well-formed"), "{k}: {err}");
+        }
     }
 }

@@ -27,6 +27,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::Notify;
 
 use crate::error::{Error, IoContext, Result};
+use crate::task::copy::{flush_channel, FlushRequests, Flusher};
 use crate::task::stdio::StdinCopy;
 
 /// Short, so the socket path stays far below the 108-byte limit of a unix socket address.
@@ -116,6 +117,8 @@ fn receive_fd(socket: RawFd) -> io::Result<OwnedFd> {
 pub struct Console {
     shared: Arc<Shared>,
     pumps: Vec<tokio::task::AbortHandle>,
+    /// Asks the output pump to write out what the terminal holds (at the process's exit).
+    flusher: Flusher,
 }
 
 struct Shared {
@@ -162,8 +165,13 @@ impl Console {
                 .abort_handle(),
             );
         }
-        pumps.push(tokio::spawn(pump_output(master, output, shared.clone())).abort_handle());
-        Ok(Console { shared, pumps })
+        let (flusher, requests) = flush_channel();
+        pumps.push(tokio::spawn(pump_output(master, output, shared.clone(), requests)).abort_handle());
+        Ok(Console { shared, pumps, flusher })
+    }
+
+    pub fn flusher(&self) -> Flusher {
+        self.flusher.clone()
     }
 
     /// Sets the terminal's size (ResizePty).
@@ -195,15 +203,27 @@ impl Console {
     }
 }
 
+/// How long a flush at the process's exit waits for the terminal's end of file. What a process
+/// writes to its terminal reaches the master through the kernel's flip buffer, a moment later;
+/// the end of file (EIO) comes only after that buffer is delivered, so it is the sure sign that
+/// all is read. When something else still holds the terminal there is no end of file, and what
+/// the master holds after this grace is written out instead.
+const EXIT_GRACE: Duration = Duration::from_millis(100);
+
 /// master -> output until the process side is gone or the terminal is hung up.
 async fn pump_output(
     master: Arc<AsyncFd<OwnedFd>>,
     mut output: Box<dyn AsyncWrite + Send + Unpin>,
     shared: Arc<Shared>,
+    mut requests: FlushRequests,
 ) {
     use tokio::io::AsyncReadExt;
     let mut reader = Master(master);
     let mut buf = vec![0u8; 32 * 1024];
+    // Flush requests not answered yet, and when the grace for them ends.
+    let mut pending = Vec::new();
+    let grace = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(grace);
     loop {
         let n = tokio::select! {
             read = reader.read(&mut buf) => match read {
@@ -214,12 +234,30 @@ async fn pump_output(
                 drain(&reader.0, &mut buf, &mut output).await;
                 break;
             }
+            ack = requests.next() => {
+                if pending.is_empty() {
+                    grace.as_mut().reset(tokio::time::Instant::now() + EXIT_GRACE);
+                }
+                pending.push(ack);
+                continue;
+            }
+            _ = &mut grace, if !pending.is_empty() => {
+                drain(&reader.0, &mut buf, &mut output).await;
+                let _ = output.flush().await;
+                for ack in pending.drain(..) {
+                    let _ = ack.send(());
+                }
+                continue;
+            }
         };
         if output.write_all(&buf[..n]).await.is_err() {
             break;
         }
     }
     let _ = output.shutdown().await;
+    // Pending flushes are answered only now, with everything written.
+    drop(pending);
+    drop(requests);
 }
 
 /// Keeps what the process wrote before a hang-up: reads the master until it would block.

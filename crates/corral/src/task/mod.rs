@@ -2,6 +2,7 @@
 
 pub mod console;
 pub mod container;
+pub mod copy;
 pub mod idmap;
 pub mod logger;
 pub mod oci;

@@ -2,11 +2,12 @@
 //!
 //! Lifecycle: Created -> Running -> Stopped. The exit is observed once through the process's
 //! pidfd (corral is a subreaper, so inits and execs become its children when runc exits) and
-//! broadcast to every waiter.
+//! broadcast to every waiter, once the output corral copies (files, a terminal) holds everything
+//! the process wrote.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use nix::sys::signal::Signal;
 use tokio::sync::watch;
@@ -14,6 +15,11 @@ use tokio::sync::watch;
 use crate::error::{Error, IoContext, Result};
 use crate::sys::pidfd::PidFd;
 use crate::task::stdio::{Kept, Request as Stdio};
+
+/// How long an exit waits for corral's output copies. A copy only has the pipe's or terminal's
+/// buffer to write out, so this is only reached when the destination itself blocks (a terminal's
+/// containerd FIFO that nobody reads while containerd is down).
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
@@ -104,12 +110,27 @@ impl Process {
         *self.exit.borrow()
     }
 
-    /// Waits for the exit through the pidfd and returns its status, without recording it. Run
-    /// once per process, in its own task; then [`Process::mark_exited`].
+    /// Waits for the exit through the pidfd and for the output corral copies to hold all the
+    /// process wrote, and returns its status, without recording it. Run once per process, in its
+    /// own task; then [`Process::mark_exited`].
     pub async fn observe_exit(&self) -> u32 {
-        match self.pidfd.get() {
+        let status = match self.pidfd.get() {
             Some(pidfd) => pidfd.wait().await,
             None => 255,
+        };
+        self.flush_output().await;
+        status
+    }
+
+    async fn flush_output(&self) {
+        let flushers = self.kept_io.lock().unwrap().flushers();
+        let all = async {
+            for flusher in &flushers {
+                flusher.flush().await;
+            }
+        };
+        if tokio::time::timeout(FLUSH_TIMEOUT, all).await.is_err() {
+            tracing::warn!(process = %self.id, "output copies did not flush within {FLUSH_TIMEOUT:?}");
         }
     }
 
@@ -148,5 +169,45 @@ impl Process {
         let pidfd =
             self.pidfd.get().ok_or_else(|| Error::precondition(format!("{}: not started", self.id)))?;
         pidfd.signal(sig).context(|| format!("signal {}", self.id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    // The child is reaped through its pidfd, which clippy cannot see.
+    #[allow(clippy::zombie_processes)]
+    async fn the_exit_is_observed_once_the_output_file_holds_all_the_process_wrote() {
+        let dir = std::env::temp_dir().join(format!("corral-process-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let want: String = (1..=100_000).map(|i| format!("{i}\n")).collect();
+        // Whether the copy is behind at the exit is up to the scheduler: try it often enough
+        // that a missing flush shows.
+        for round in 0..10 {
+            let path = dir.join(format!("out-{round}.log"));
+            let uri = format!("file://{}", path.display());
+            let stdio = Stdio::checked("", &uri, &uri, false).unwrap();
+            let (io, kept) = crate::task::stdio::open(&stdio, "p", "ns").await.unwrap();
+            let child = std::process::Command::new("/usr/bin/seq")
+                .args(["1", "100000"])
+                .stdout(io.stdout)
+                .stderr(io.stderr)
+                .spawn()
+                .unwrap();
+            let process = Process::new("p", stdio);
+            process.keep_io(kept);
+            process.attach(child.id()).unwrap();
+            assert_eq!(process.observe_exit().await, 0);
+            let got = std::fs::read_to_string(&path).unwrap();
+            assert!(
+                got == want,
+                "round {round}: the file has {} of {} bytes at the exit",
+                got.len(),
+                want.len()
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

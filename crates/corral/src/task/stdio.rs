@@ -11,10 +11,14 @@
 //! stdin is copied: containerd's FIFO into a pipe the process reads (or into its terminal), so
 //! that CloseIO can give the process its end of file whenever containerd asks.
 //!
+//! `file://` output is copied by corral: the process gets a pipe, never the host file (see
+//! [`super::copy`]).
+//!
 //! A tty process has one output stream, pumped from its terminal by [`super::console`]; this
 //! module gives that pump its destination with [`open_for_console`].
 
 use std::fs::{File, OpenOptions};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -25,6 +29,7 @@ use tokio::sync::oneshot;
 
 use crate::error::{Error, IoContext, Result};
 use crate::task::console::Console;
+use crate::task::copy::{self, Flusher};
 use crate::task::logger::{Logger, LoggerSpec};
 use crate::task::runc::CreateIo;
 
@@ -106,9 +111,18 @@ pub struct Kept {
     pub stdin: Option<StdinHandle>,
     pub console: Option<Console>,
     pub logger: Option<Logger>,
+    /// corral's copies of `file://` output, to flush before the exit is published.
+    pub file_copies: Vec<Flusher>,
 }
 
 impl Kept {
+    /// Every copy of the process's output that runs in corral (files, the terminal).
+    pub fn flushers(&self) -> Vec<Flusher> {
+        let mut all = self.file_copies.clone();
+        all.extend(self.console.as_ref().map(Console::flusher));
+        all
+    }
+
     /// CloseIO: the process gets its end of input once what containerd wrote is delivered.
     pub fn close_stdin(&mut self) {
         if let Some(stdin) = &mut self.stdin {
@@ -118,7 +132,8 @@ impl Kept {
         }
     }
 
-    /// The process is deleted: stop copying, hang its terminal up, let its logger finish.
+    /// The process is deleted: stop copying, hang its terminal up, let its logger finish. File
+    /// copies run on until their pipe's last writer is gone (they were flushed at the exit).
     pub fn release(self) {
         if let Some(task) = self.stdin.and_then(|s| s.task) {
             task.abort();
@@ -194,6 +209,13 @@ pub async fn open(req: &Request, process_id: &str, namespace: &str) -> Result<(C
             kept.logger = Some(logger);
             (Stdio::from(pipes.stdout), Stdio::from(pipes.stderr))
         }
+        // One file for both streams (ctr's --log-uri): one pipe, so the file keeps the order in
+        // which the process wrote them.
+        Target::File(path) if req.stderr == req.stdout => {
+            let write = file_pipe("stdout", &path, &mut kept)?;
+            let for_stderr = write.try_clone().context(|| "duplicate the output pipe".into())?;
+            (Stdio::from(write), Stdio::from(for_stderr))
+        }
         _ => (open_output("stdout", &req.stdout, &mut kept)?, open_output("stderr", &req.stderr, &mut kept)?),
     };
     let stdin = match open_stdin(&req.stdin)? {
@@ -215,7 +237,7 @@ pub async fn open(req: &Request, process_id: &str, namespace: &str) -> Result<(C
 fn open_output(field: &str, uri: &str, kept: &mut Kept) -> Result<Stdio> {
     Ok(match target(field, uri)? {
         Target::Null | Target::Binary(_) => Stdio::null(),
-        Target::File(path) => Stdio::from(open_file(field, &path)?),
+        Target::File(path) => Stdio::from(file_pipe(field, &path, kept)?),
         Target::Fifo(path) => {
             kept.readers.push(keep_reader(field, &path)?);
             // Never blocks or fails for want of a reader: corral holds one.
@@ -228,6 +250,15 @@ fn open_output(field: &str, uri: &str, kept: &mut Kept) -> Result<Stdio> {
             Stdio::from(file)
         }
     })
+}
+
+/// The write end of a pipe whose reader corral copies into the file at `path`.
+fn file_pipe(field: &str, path: &Path, kept: &mut Kept) -> Result<OwnedFd> {
+    let file = open_file(field, path)?;
+    let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+        .map_err(|e| Error::sys(format!("create the {field} pipe"), e))?;
+    kept.file_copies.push(copy::to_file(read, file, path.to_path_buf())?);
+    Ok(write)
 }
 
 /// The stdin copy and output destination of a terminal's pumps.
