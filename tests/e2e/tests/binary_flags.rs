@@ -21,20 +21,55 @@ fn version_names_the_release_and_commit() -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn info_answers_a_runtime_info_with_runc_features() -> Result<()> {
-    let mut child =
-        Command::new(shim_binary()).arg("-info").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
+/// Runs `-info` as containerd does (options on stdin) with extra environment; the RuntimeInfo.
+fn info(env: &[(&str, &str)]) -> Result<RuntimeInfo> {
+    let mut child = Command::new(shim_binary())
+        .arg("-info")
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
     // containerd may send runtime options on stdin; corral reads and ignores them.
     child.stdin.take().unwrap().write_all(b"")?;
     let out = child.wait_with_output()?;
     assert!(out.status.success());
-    let info = RuntimeInfo::parse_from_bytes(&out.stdout)?;
+    Ok(RuntimeInfo::parse_from_bytes(&out.stdout)?)
+}
+
+#[test]
+fn info_answers_a_runtime_info_with_runc_features() -> Result<()> {
+    let info = info(&[])?;
     assert_eq!(info.name, "io.containerd.corral.v2");
     assert_eq!(info.version.version, env!("CARGO_PKG_VERSION"));
     assert_eq!(info.features.type_url, "types.containerd.io/opencontainers/runtime-spec/1/features/Features");
     let features: serde_json::Value = serde_json::from_slice(&info.features.value)?;
-    assert!(features["ociVersionMin"].is_string(), "runc's features document: {features}");
+    let runc: serde_json::Value =
+        serde_json::from_slice(&Command::new("runc").arg("features").output()?.stdout)?;
+    // What CRI reads: runc's mount options (rro among them on runc 1.1+) and namespaces.
+    assert_eq!(features["mountOptions"], runc["mountOptions"]);
+    assert!(features["mountOptions"].as_array().unwrap().contains(&"rro".into()), "{features}");
+    assert_eq!(features["linux"]["namespaces"], runc["linux"]["namespaces"]);
+    assert_eq!(features["linux"]["mountExtensions"]["idmap"]["enabled"], false, "{features}");
+    Ok(())
+}
+
+#[test]
+fn info_never_claims_idmapped_mounts_even_when_the_runtime_has_them() -> Result<()> {
+    // A runtime answering as runc 1.2 does: with these, CRI would report user_namespaces: true,
+    // but corral mounts rootfs itself and does not idmap it.
+    let dir = std::env::temp_dir().join(format!("corral-info-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let fake = dir.join("runc");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho '{\"ociVersionMin\":\"1.0.0\",\"mountOptions\":[\"rro\"],\"linux\":{\"namespaces\":[\"user\"],\"mountExtensions\":{\"idmap\":{\"enabled\":true}}}}'\n",
+    )?;
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let info = info(&[("CORRAL_RUNC", fake.to_str().unwrap())]);
+    std::fs::remove_dir_all(&dir)?;
+    let features: serde_json::Value = serde_json::from_slice(&info?.features.value)?;
+    assert_eq!(features["mountOptions"], serde_json::json!(["rro"]));
+    assert_eq!(features["linux"]["mountExtensions"]["idmap"]["enabled"], false, "{features}");
     Ok(())
 }
 

@@ -1,6 +1,10 @@
-//! `-info`: containerd asks a shim what its runtime supports (2.1 only for idmapped mounts, 2.4
-//! for every handler at start-up). corral answers a `RuntimeInfo` with its name and version and
-//! the OCI runtime's own `features` document, so containerd sees what runc can do.
+//! `-info`: containerd asks a shim what its runtime supports (2.1 only for idmapped mounts; CRI's
+//! runtime handler features from 2.2.7 / 2.3.4 on, which introspect any runtime type, while 2.1.9
+//! and older 2.2 / 2.3 introspect io.containerd.runc.v2 handlers only and never run this). corral
+//! answers a `RuntimeInfo` with its name and version and the OCI runtime's own `features`
+//! document, narrowed to what corral itself can do: containers' bind mounts go to runc as they
+//! are (so runc's mount options, `rro` included, hold), but corral mounts each rootfs itself
+//! without idmapping, so idmapped mounts (and with them CRI user namespaces) are not claimed.
 
 use std::io::{Read, Write};
 
@@ -30,6 +34,20 @@ pub fn runtime_info(version: &str, revision: &str, features: Option<Vec<u8>>) ->
     info
 }
 
+/// Narrows the OCI runtime's `features` JSON to corral's: idmapped mounts disabled whatever the
+/// runtime says. `None` if it is not a JSON object.
+pub fn corral_features(runtime_features: &[u8]) -> Option<Vec<u8>> {
+    let mut doc: serde_json::Value = serde_json::from_slice(runtime_features).ok()?;
+    let linux = doc.as_object_mut()?.entry("linux").or_insert_with(|| serde_json::json!({}));
+    if let Some(linux) = linux.as_object_mut() {
+        let ext = linux.entry("mountExtensions").or_insert_with(|| serde_json::json!({}));
+        if let Some(ext) = ext.as_object_mut() {
+            ext.insert("idmap".into(), serde_json::json!({ "enabled": false }));
+        }
+    }
+    serde_json::to_vec(&doc).ok()
+}
+
 /// Reads (and ignores) the runtime options containerd may send on stdin, then prints the info.
 pub fn run(version: &str, revision: &str, runc: &str) -> Result<()> {
     let mut options = Vec::new();
@@ -38,8 +56,8 @@ pub fn run(version: &str, revision: &str, runc: &str) -> Result<()> {
         .arg("features")
         .output()
         .ok()
-        .filter(|o| o.status.success() && serde_json::from_slice::<serde_json::Value>(&o.stdout).is_ok())
-        .map(|o| o.stdout);
+        .filter(|o| o.status.success())
+        .and_then(|o| corral_features(&o.stdout));
     let info = runtime_info(version, revision, features);
     let bytes = info.write_to_bytes().map_err(|e| Error::invalid(format!("encode RuntimeInfo: {e}")))?;
     std::io::stdout().write_all(&bytes).context(|| "write RuntimeInfo".into())
@@ -57,5 +75,23 @@ mod tests {
         assert_eq!((back.version.version.as_str(), back.version.revision.as_str()), ("0.1.0", "abc123"));
         assert_eq!(back.features.type_url, FEATURES_TYPE);
         assert!(runtime_info("0.1.0", "x", None).features.is_none());
+    }
+
+    #[test]
+    fn features_keep_runc_mount_options_and_never_claim_idmapped_mounts() {
+        // runc 1.2's shape: user namespaces and idmapped mounts (what CRI needs for userns).
+        let runc = br#"{"ociVersionMin":"1.0.0","mountOptions":["ro","rro","rbind"],
+            "linux":{"namespaces":["user","pid"],"mountExtensions":{"idmap":{"enabled":true}}}}"#;
+        let ours: serde_json::Value = serde_json::from_slice(&corral_features(runc).unwrap()).unwrap();
+        assert_eq!(ours["mountOptions"], serde_json::json!(["ro", "rro", "rbind"]));
+        assert_eq!(ours["linux"]["namespaces"], serde_json::json!(["user", "pid"]));
+        assert_eq!(ours["linux"]["mountExtensions"]["idmap"]["enabled"], false);
+        // runc 1.1's shape has no mountExtensions: corral states it anyway.
+        let old: serde_json::Value =
+            serde_json::from_slice(&corral_features(br#"{"linux":{"namespaces":["user"]}}"#).unwrap())
+                .unwrap();
+        assert_eq!(old["linux"]["mountExtensions"]["idmap"]["enabled"], false);
+        assert!(corral_features(b"not json").is_none());
+        assert!(corral_features(b"[1]").is_none());
     }
 }
