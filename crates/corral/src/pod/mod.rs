@@ -1,7 +1,9 @@
 //! The pod sandbox: its spec, holder, pins, files, containers and lifecycle.
 //!
 //! Lifecycle: Created (CreateSandbox) -> Ready (StartSandbox) -> Stopped (StopSandbox, or the
-//! holder died) -> gone (ShutdownSandbox). Only ShutdownSandbox ends the shim.
+//! holder died) -> gone (ShutdownSandbox). Only ShutdownSandbox ends the shim. StopSandbox
+//! already releases the holder, the namespace pins and the shm: a stopped pod keeps only its
+//! server, record, files and (empty) cgroup.
 
 pub mod files;
 pub mod persist;
@@ -249,7 +251,26 @@ impl Pod {
             }
         }
         let _ = self.holder.pidfd.signal(Signal::SIGKILL);
-        Ok(self.wait().await)
+        let exit = self.wait().await;
+        self.release_namespaces()?;
+        Ok(exit)
+    }
+
+    /// Unmounts the namespace pins and the pod's shm once the pod has ended. Nothing can run in
+    /// it again (Task.Create wants a Ready pod) and kubelet may keep a stopped sandbox for days,
+    /// so they go at StopSandbox; the holder is gone by then (`stop` reaped it). The record,
+    /// the pod files and the cgroup stay for SandboxStatus, ShutdownSandbox and `delete`, whose
+    /// unmounts find nothing left. Idempotent.
+    fn release_namespaces(&self) -> Result<()> {
+        let mut first_err = None;
+        let shm = (self.spec.ipc == NsMode::Pod).then(|| self.paths.shm());
+        for target in self.pins.values().chain(shm.as_ref()) {
+            if let Err(e) = files::unmount_if_mounted(target) {
+                first_err.get_or_insert(e);
+            }
+        }
+        debug!(sandbox = %self.id, "namespace pins and shm released");
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Releases everything: containers (runc state, rootfs mounts), pins, shm, files, record.
@@ -261,7 +282,10 @@ impl Pod {
             .map_err(|e| Error::Holder { step: "lock the bundle".into(), message: e.to_string() })?
             .map_err(|e| Error::io("lock the bundle", e))?;
         let mut first_err = None;
-        self.stop().await?;
+        // A failed unmount here is retried by remove_all below.
+        if let Err(e) = self.stop().await {
+            first_err.get_or_insert(e);
+        }
         let containers: Vec<_> = self.containers.lock().unwrap().drain().map(|(_, c)| c).collect();
         for c in containers {
             if let Err(e) = c.force_delete(&self.runc).await {
