@@ -55,3 +55,56 @@ async fn a_killed_shim_is_cleaned_up_by_delete_and_the_pod_goes_notready() -> Re
     assert!(left.is_empty(), "mounts left under containerd's dirs: {left:?}");
     Ok(())
 }
+
+/// Right after NOTREADY, containerd may still report the crashed pod's containers RUNNING: its
+/// CRI retries the exit handling of each container from a 1 s backoff (see the README's
+/// reliability notes). The window is containerd's, the same on the pause sandbox: on both
+/// handlers the containers are EXITED within 3 s of NOTREADY (2 s and CRI's handling, on a busy
+/// machine), and removal then succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_crash_containers_exit_within_containerds_backoff_on_both_handlers() -> Result<()> {
+    let rig = Rig::start(Options { pause_image: true, ..Default::default() }).await?;
+    let mut cri = rig.cri().await?;
+    for handler in ["corral", "runc"] {
+        for attempt in 0..3 {
+            let cfg = rig.pod_config(&format!("window-{handler}-{attempt}"));
+            let pod = cri.run_pod(&cfg, handler).await?;
+            let mut containers = Vec::new();
+            for name in ["app", "side"] {
+                containers
+                    .push(cri.run_container(&pod, &cfg, &container_config(name, "exec sleep 1000")).await?);
+            }
+            // corral's server, or the runc shim serving the pause container and the app.
+            let shim = probe::pids_with_cmdline(&pod)
+                .into_iter()
+                .map(|p| p as u32)
+                .find(|p| {
+                    let argv = probe::cmdline(*p);
+                    argv.first().is_some_and(|a| a.contains("containerd-shim"))
+                        && (handler == "runc" || argv.last().is_some_and(|a| a == "serve"))
+                })
+                .context("shim")?;
+            kill(Pid::from_raw(shim as i32), Signal::SIGKILL)?;
+            let killed = std::time::Instant::now();
+            while cri.pod_ready(&pod).await.unwrap_or(true) {
+                assert!(killed.elapsed() < Duration::from_secs(2), "{handler}: pod READY 2 s after the kill");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let notready = std::time::Instant::now();
+            for c in &containers {
+                cri.wait_exited(c, Duration::from_secs(3)).await.with_context(|| {
+                    format!("{handler} try {attempt}: container not EXITED 3 s after NOTREADY")
+                })?;
+            }
+            let window = notready.elapsed();
+            cri.stop_and_remove_pod(&pod).await.with_context(|| format!("{handler} try {attempt}"))?;
+            eprintln!(
+                "{handler} try {attempt}: NOTREADY {:?} after the kill, EXITED {window:?} later",
+                notready - killed
+            );
+        }
+    }
+    let left = probe::mounts_under(&[&rig.state, &rig.root]);
+    assert!(left.is_empty(), "mounts left under containerd's dirs: {left:?}");
+    Ok(())
+}
