@@ -262,15 +262,9 @@ impl Pod {
     /// the pod files and the cgroup stay for SandboxStatus, ShutdownSandbox and `delete`, whose
     /// unmounts find nothing left. Idempotent.
     fn release_namespaces(&self) -> Result<()> {
-        let mut first_err = None;
-        let shm = (self.spec.ipc == NsMode::Pod).then(|| self.paths.shm());
-        for target in self.pins.values().chain(shm.as_ref()) {
-            if let Err(e) = files::unmount_if_mounted(target) {
-                first_err.get_or_insert(e);
-            }
-        }
+        let results = [pins::unpin_all(&self.paths.ns_dir()), files::remove_shm(&self.paths)];
         debug!(sandbox = %self.id, "namespace pins and shm released");
-        first_err.map_or(Ok(()), Err)
+        results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
     }
 
     /// Releases everything: containers (runc state, rootfs mounts), pins, shm, files, record.
