@@ -2,9 +2,10 @@
 //! runtime handler features from 2.2.7 / 2.3.4 on, which introspect any runtime type, while 2.1.9
 //! and older 2.2 / 2.3 introspect io.containerd.runc.v2 handlers only and never run this). corral
 //! answers a `RuntimeInfo` with its name and version and the OCI runtime's own `features`
-//! document, narrowed to what corral itself can do: containers' bind mounts go to runc as they
-//! are (so runc's mount options, `rro` included, hold), but corral mounts each rootfs itself
-//! without idmapping, so idmapped mounts (and with them CRI user namespaces) are not claimed.
+//! document, narrowed to what corral declares: containers' bind mounts go to runc as they are
+//! (so runc's mount options, `rro` included, hold); idmapped mounts are not claimed whatever the
+//! runtime says (corral, not runc, makes them, and it does not declare them yet), so CRI reports
+//! no user namespace support and 2.1 refuses containers whose mounts carry id mappings.
 
 use std::io::{Read, Write};
 
@@ -34,8 +35,8 @@ pub fn runtime_info(version: &str, revision: &str, features: Option<Vec<u8>>) ->
     info
 }
 
-/// Narrows the OCI runtime's `features` JSON to corral's: idmapped mounts disabled whatever the
-/// runtime says. `None` if it is not a JSON object.
+/// Narrows the OCI runtime's `features` JSON to what corral declares: idmapped mounts disabled
+/// whatever the runtime says. `None` if it is not a JSON object.
 pub fn corral_features(runtime_features: &[u8]) -> Option<Vec<u8>> {
     let mut doc: serde_json::Value = serde_json::from_slice(runtime_features).ok()?;
     let linux = doc.as_object_mut()?.entry("linux").or_insert_with(|| serde_json::json!({}));
