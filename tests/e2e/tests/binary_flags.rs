@@ -49,27 +49,27 @@ fn info_answers_a_runtime_info_with_runc_features() -> Result<()> {
     assert_eq!(features["mountOptions"], runc["mountOptions"]);
     assert!(features["mountOptions"].as_array().unwrap().contains(&"rro".into()), "{features}");
     assert_eq!(features["linux"]["namespaces"], runc["linux"]["namespaces"]);
-    assert_eq!(features["linux"]["mountExtensions"]["idmap"]["enabled"], false, "{features}");
+    // runc 1.1.5 has no idmapped mounts; corral makes them itself.
+    assert_eq!(features["linux"]["mountExtensions"]["idmap"]["enabled"], true, "{features}");
     Ok(())
 }
 
 #[test]
-fn info_never_claims_idmapped_mounts_even_when_the_runtime_has_them() -> Result<()> {
-    // A runtime answering as runc 1.2 does: with these, CRI would report user_namespaces: true,
-    // but corral mounts rootfs itself and does not idmap it.
+fn info_claims_idmapped_mounts_even_when_the_runtime_has_none() -> Result<()> {
+    // A runtime that says it has no idmapped mounts: corral makes them before the runtime runs.
     let dir = std::env::temp_dir().join(format!("corral-info-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let fake = dir.join("runc");
     std::fs::write(
         &fake,
-        "#!/bin/sh\necho '{\"ociVersionMin\":\"1.0.0\",\"mountOptions\":[\"rro\"],\"linux\":{\"namespaces\":[\"user\"],\"mountExtensions\":{\"idmap\":{\"enabled\":true}}}}'\n",
+        "#!/bin/sh\necho '{\"ociVersionMin\":\"1.0.0\",\"mountOptions\":[\"rro\"],\"linux\":{\"namespaces\":[\"user\"],\"mountExtensions\":{\"idmap\":{\"enabled\":false}}}}'\n",
     )?;
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     let info = info(&[("CORRAL_RUNC", fake.to_str().unwrap())]);
     std::fs::remove_dir_all(&dir)?;
     let features: serde_json::Value = serde_json::from_slice(&info?.features.value)?;
     assert_eq!(features["mountOptions"], serde_json::json!(["rro"]));
-    assert_eq!(features["linux"]["mountExtensions"]["idmap"]["enabled"], false, "{features}");
+    assert_eq!(features["linux"]["mountExtensions"]["idmap"]["enabled"], true, "{features}");
     Ok(())
 }
 

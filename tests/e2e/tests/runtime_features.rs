@@ -4,7 +4,7 @@
 //! 2.2.7, 2.3 before 2.3.4) only asks handlers whose runtime type is io.containerd.runc.v2
 //! (internal/cri/server/service.go, introspectRuntimeFeatures): corral's handler gets no features
 //! there, and CRI refuses its recursive read-only mounts. Later versions ask corral, whose answer
-//! claims rro as runc does and never idmapped mounts (see `binary_flags`). These tests pin both
+//! claims rro as runc does and idmapped mounts, which corral makes (see `binary_flags`). These tests pin both
 //! sides to the containerd they run on, and show that rro really holds: through CRI where
 //! containerd grants it, and through corral's Task API with the mount options CRI writes.
 //!
@@ -51,8 +51,11 @@ async fn cri_status_lists_corral_with_what_it_supports() -> Result<()> {
     let rro_only = RuntimeHandlerFeatures { recursive_read_only_mounts: true, user_namespaces: false };
     assert_eq!(runc, Some(rro_only));
     if introspects_any_runtime(version) {
-        // corral hands bind mounts to runc: rro as runc does; no idmapped rootfs yet.
-        assert_eq!(corral, Some(rro_only));
+        // corral hands bind mounts to runc: rro as runc does; idmapped mounts corral makes.
+        assert_eq!(
+            corral,
+            Some(RuntimeHandlerFeatures { recursive_read_only_mounts: true, user_namespaces: true })
+        );
     } else {
         // containerd never ran corral's -info: no features at all for it.
         assert_eq!(corral, None, "containerd {version:?}");

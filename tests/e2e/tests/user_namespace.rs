@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use corral_rig::cri::{container_config, container_ns, pod_ns};
 use corral_rig::{probe, Options, Rig};
-use k8s_cri::v1::{IdMapping, NamespaceMode, UserNamespace};
+use k8s_cri::v1::{IdMapping, Mount, MountPropagation, NamespaceMode, UserNamespace};
 
 /// The inode of the user namespace that owns namespace file `path` (ioctl NS_GET_USERNS).
 fn owner_inode(path: &str) -> Result<u64> {
@@ -158,5 +158,50 @@ async fn a_container_in_a_user_namespace_pod_owns_its_idmapped_rootfs() -> Resul
     cri.stop_and_remove_pod(&pod).await?;
     let left = probe::mounts_containing(COPIES_DIR);
     assert!(left.is_empty(), "idmapped copies left: {left:?}");
+    Ok(())
+}
+
+/// A hostPath volume of a hostUsers:false pod, with the mappings kubelet sends for it: inside,
+/// root sees the volume's files as the host's owners see them and writes files the host's root
+/// owns, nothing chowned. containerd 2.1 first asks the shim's `-info` whether it does idmapped
+/// mounts, and refuses the container otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_mapped_volume_keeps_the_host_owners_inside_the_pod() -> Result<()> {
+    let rig = Rig::start(Options::default()).await?;
+    let mut cri = rig.cri().await?;
+    let mut cfg = rig.pod_config("userns-vol");
+    pod_ns(&mut cfg).userns_options = Some(userns_pod());
+    let pod = cri.run_pod(&cfg, "corral").await?;
+    let source = rig.dir.join("volume");
+    std::fs::create_dir_all(&source)?;
+    std::fs::write(source.join("from-host"), "x")?;
+    std::os::unix::fs::chown(source.join("from-host"), Some(1000), Some(1000))?;
+    let mut ctr = container_config("app", "exec sleep 1000");
+    container_ns(&mut ctr).userns_options = Some(userns_pod());
+    let map = || vec![IdMapping { host_id: HOST_ID, container_id: 0, length: 65_536 }];
+    ctr.mounts = vec![Mount {
+        container_path: "/vol".into(),
+        host_path: source.display().to_string(),
+        propagation: MountPropagation::PropagationPrivate as i32,
+        uid_mappings: map(),
+        gid_mappings: map(),
+        ..Default::default()
+    }];
+    let id = cri.run_container(&pod, &cfg, &ctr).await.context("a container with an id-mapped volume")?;
+    let (code, out, err) = cri.exec_sync(&id, &["stat", "-c", "%u:%g", "/vol/from-host", "/vol"]).await?;
+    assert_eq!((code, out.as_str()), (0, "1000:1000\n0:0\n"), "{err}");
+    let (code, _, err) = cri.exec_sync(&id, &["touch", "/vol/from-pod"]).await?;
+    assert_eq!(code, 0, "root writes the volume: {err}");
+    let written = std::fs::metadata(source.join("from-pod"))?;
+    assert_eq!((written.uid(), written.gid()), (0, 0), "the pod's root is the host's root on the volume");
+    let host = std::fs::metadata(source.join("from-host"))?;
+    assert_eq!((host.uid(), host.gid()), (1000, 1000), "nothing chowned");
+
+    cri.stop_container(&id).await?;
+    cri.remove_container(&id).await?;
+    cri.stop_and_remove_pod(&pod).await?;
+    let left: Vec<_> =
+        probe::mounts_containing(&id).into_iter().chain(probe::mounts_containing(COPIES_DIR)).collect();
+    assert!(left.is_empty(), "mounts left: {left:?}");
     Ok(())
 }

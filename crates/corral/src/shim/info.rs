@@ -2,10 +2,11 @@
 //! runtime handler features from 2.2.7 / 2.3.4 on, which introspect any runtime type, while 2.1.9
 //! and older 2.2 / 2.3 introspect io.containerd.runc.v2 handlers only and never run this). corral
 //! answers a `RuntimeInfo` with its name and version and the OCI runtime's own `features`
-//! document, narrowed to what corral declares: containers' bind mounts go to runc as they are
-//! (so runc's mount options, `rro` included, hold); idmapped mounts are not claimed whatever the
-//! runtime says (corral, not runc, makes them, and it does not declare them yet), so CRI reports
-//! no user namespace support and 2.1 refuses containers whose mounts carry id mappings.
+//! document, adjusted to what corral does: containers' bind mounts go to runc as they are (so
+//! runc's mount options, `rro` included, hold), and idmapped mounts are claimed whatever the
+//! runtime says, since corral makes them itself (task::idmap) before runc sees the spec. With
+//! them CRI reports user namespace support (it also needs "user" among runc's namespaces), and
+//! 2.1 accepts containers whose bind mounts carry id mappings.
 
 use std::io::{Read, Write};
 
@@ -35,15 +36,15 @@ pub fn runtime_info(version: &str, revision: &str, features: Option<Vec<u8>>) ->
     info
 }
 
-/// Narrows the OCI runtime's `features` JSON to what corral declares: idmapped mounts disabled
-/// whatever the runtime says. `None` if it is not a JSON object.
+/// The OCI runtime's `features` JSON adjusted to corral: idmapped mounts enabled whatever the
+/// runtime says (runc 1.1 has none; corral makes them). `None` if it is not a JSON object.
 pub fn corral_features(runtime_features: &[u8]) -> Option<Vec<u8>> {
     let mut doc: serde_json::Value = serde_json::from_slice(runtime_features).ok()?;
     let linux = doc.as_object_mut()?.entry("linux").or_insert_with(|| serde_json::json!({}));
     if let Some(linux) = linux.as_object_mut() {
         let ext = linux.entry("mountExtensions").or_insert_with(|| serde_json::json!({}));
         if let Some(ext) = ext.as_object_mut() {
-            ext.insert("idmap".into(), serde_json::json!({ "enabled": false }));
+            ext.insert("idmap".into(), serde_json::json!({ "enabled": true }));
         }
     }
     serde_json::to_vec(&doc).ok()
@@ -79,19 +80,19 @@ mod tests {
     }
 
     #[test]
-    fn features_keep_runc_mount_options_and_never_claim_idmapped_mounts() {
-        // runc 1.2's shape: user namespaces and idmapped mounts (what CRI needs for userns).
+    fn features_keep_runc_mount_options_and_claim_idmapped_mounts() {
+        // A runtime that says it has no idmapped mounts: corral makes them anyway.
         let runc = br#"{"ociVersionMin":"1.0.0","mountOptions":["ro","rro","rbind"],
-            "linux":{"namespaces":["user","pid"],"mountExtensions":{"idmap":{"enabled":true}}}}"#;
+            "linux":{"namespaces":["user","pid"],"mountExtensions":{"idmap":{"enabled":false}}}}"#;
         let ours: serde_json::Value = serde_json::from_slice(&corral_features(runc).unwrap()).unwrap();
         assert_eq!(ours["mountOptions"], serde_json::json!(["ro", "rro", "rbind"]));
         assert_eq!(ours["linux"]["namespaces"], serde_json::json!(["user", "pid"]));
-        assert_eq!(ours["linux"]["mountExtensions"]["idmap"]["enabled"], false);
+        assert_eq!(ours["linux"]["mountExtensions"]["idmap"]["enabled"], true);
         // runc 1.1's shape has no mountExtensions: corral states it anyway.
         let old: serde_json::Value =
             serde_json::from_slice(&corral_features(br#"{"linux":{"namespaces":["user"]}}"#).unwrap())
                 .unwrap();
-        assert_eq!(old["linux"]["mountExtensions"]["idmap"]["enabled"], false);
+        assert_eq!(old["linux"]["mountExtensions"]["idmap"]["enabled"], true);
         assert!(corral_features(b"not json").is_none());
         assert!(corral_features(b"[1]").is_none());
     }
