@@ -49,9 +49,16 @@ fn info_answers_a_runtime_info_with_runc_features() -> Result<()> {
     assert_eq!(features["mountOptions"], runc["mountOptions"]);
     assert!(features["mountOptions"].as_array().unwrap().contains(&"rro".into()), "{features}");
     assert_eq!(features["linux"]["namespaces"], runc["linux"]["namespaces"]);
-    // runc 1.1.5 has no idmapped mounts; corral makes them itself.
-    assert_eq!(features["linux"]["mountExtensions"]["idmap"]["enabled"], true, "{features}");
+    // runc 1.1.5 has no idmapped mounts; corral makes them itself where the kernel can.
+    assert_eq!(features["linux"]["mountExtensions"]["idmap"]["enabled"], kernel_maps_tmpfs(), "{features}");
     Ok(())
+}
+
+/// Whether this kernel idmaps tmpfs (6.3+), the last of the filesystems corral maps to get it.
+fn kernel_maps_tmpfs() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = release.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+    (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (6, 3)
 }
 
 #[test]
@@ -69,7 +76,7 @@ fn info_claims_idmapped_mounts_even_when_the_runtime_has_none() -> Result<()> {
     std::fs::remove_dir_all(&dir)?;
     let features: serde_json::Value = serde_json::from_slice(&info?.features.value)?;
     assert_eq!(features["mountOptions"], serde_json::json!(["rro"]));
-    assert_eq!(features["linux"]["mountExtensions"]["idmap"]["enabled"], true, "{features}");
+    assert_eq!(features["linux"]["mountExtensions"]["idmap"]["enabled"], kernel_maps_tmpfs(), "{features}");
     Ok(())
 }
 

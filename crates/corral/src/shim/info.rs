@@ -37,17 +37,27 @@ pub fn runtime_info(version: &str, revision: &str, features: Option<Vec<u8>>) ->
 }
 
 /// The OCI runtime's `features` JSON adjusted to corral: idmapped mounts enabled whatever the
-/// runtime says (runc 1.1 has none; corral makes them). `None` if it is not a JSON object.
-pub fn corral_features(runtime_features: &[u8]) -> Option<Vec<u8>> {
+/// runtime says (runc 1.1 has none; corral makes them) when `kernel_idmaps` says the kernel can
+/// idmap every filesystem corral maps, and disabled otherwise. `None` if it is not a JSON object.
+pub fn corral_features(runtime_features: &[u8], kernel_idmaps: bool) -> Option<Vec<u8>> {
     let mut doc: serde_json::Value = serde_json::from_slice(runtime_features).ok()?;
     let linux = doc.as_object_mut()?.entry("linux").or_insert_with(|| serde_json::json!({}));
     if let Some(linux) = linux.as_object_mut() {
         let ext = linux.entry("mountExtensions").or_insert_with(|| serde_json::json!({}));
         if let Some(ext) = ext.as_object_mut() {
-            ext.insert("idmap".into(), serde_json::json!({ "enabled": true }));
+            ext.insert("idmap".into(), serde_json::json!({ "enabled": kernel_idmaps }));
         }
     }
     serde_json::to_vec(&doc).ok()
+}
+
+/// Whether a kernel `release` (uname -r) idmaps every filesystem corral maps for a pod with a
+/// user namespace: overlayfs lower layers (5.19) and the pod's shm on tmpfs (6.3), besides the
+/// disk filesystems of pod files and volumes (ext4, xfs, btrfs: 5.12 to 5.15).
+pub fn kernel_idmaps(release: &str) -> bool {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (6, 3)
 }
 
 /// Reads (and ignores) the runtime options containerd may send on stdin, then prints the info.
@@ -59,7 +69,10 @@ pub fn run(version: &str, revision: &str, runc: &str) -> Result<()> {
         .output()
         .ok()
         .filter(|o| o.status.success())
-        .and_then(|o| corral_features(&o.stdout));
+        .and_then(|o| {
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+            corral_features(&o.stdout, kernel_idmaps(&release))
+        });
     let info = runtime_info(version, revision, features);
     let bytes = info.write_to_bytes().map_err(|e| Error::invalid(format!("encode RuntimeInfo: {e}")))?;
     std::io::stdout().write_all(&bytes).context(|| "write RuntimeInfo".into())
@@ -84,16 +97,35 @@ mod tests {
         // A runtime that says it has no idmapped mounts: corral makes them anyway.
         let runc = br#"{"ociVersionMin":"1.0.0","mountOptions":["ro","rro","rbind"],
             "linux":{"namespaces":["user","pid"],"mountExtensions":{"idmap":{"enabled":false}}}}"#;
-        let ours: serde_json::Value = serde_json::from_slice(&corral_features(runc).unwrap()).unwrap();
+        let ours: serde_json::Value = serde_json::from_slice(&corral_features(runc, true).unwrap()).unwrap();
         assert_eq!(ours["mountOptions"], serde_json::json!(["ro", "rro", "rbind"]));
         assert_eq!(ours["linux"]["namespaces"], serde_json::json!(["user", "pid"]));
         assert_eq!(ours["linux"]["mountExtensions"]["idmap"]["enabled"], true);
         // runc 1.1's shape has no mountExtensions: corral states it anyway.
         let old: serde_json::Value =
-            serde_json::from_slice(&corral_features(br#"{"linux":{"namespaces":["user"]}}"#).unwrap())
+            serde_json::from_slice(&corral_features(br#"{"linux":{"namespaces":["user"]}}"#, true).unwrap())
                 .unwrap();
         assert_eq!(old["linux"]["mountExtensions"]["idmap"]["enabled"], true);
-        assert!(corral_features(b"not json").is_none());
-        assert!(corral_features(b"[1]").is_none());
+        // A kernel that cannot idmap what corral maps: not claimed, whatever the runtime says.
+        let enabled = br#"{"linux":{"mountExtensions":{"idmap":{"enabled":true}}}}"#;
+        let ours: serde_json::Value =
+            serde_json::from_slice(&corral_features(enabled, false).unwrap()).unwrap();
+        assert_eq!(ours["linux"]["mountExtensions"]["idmap"]["enabled"], false);
+        assert!(corral_features(b"not json", true).is_none());
+        assert!(corral_features(b"[1]", true).is_none());
+    }
+
+    #[test]
+    fn idmaps_need_a_kernel_that_maps_tmpfs() {
+        for (release, ok) in [
+            ("6.18.0-1-amd64", true),
+            ("6.3.0", true),
+            ("6.1.0-28-amd64", false),
+            ("5.19.17", false),
+            ("10.0", true),
+            ("", false),
+        ] {
+            assert_eq!(kernel_idmaps(release), ok, "{release}");
+        }
     }
 }
