@@ -5,7 +5,7 @@
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use corral_rig::cri::{container_config, container_ns, pod_ns};
@@ -147,8 +147,8 @@ async fn a_dead_servers_socket_refuses_connections_at_once() -> Result<()> {
 
     // The holder and the container live on; nothing of theirs keeps the listener.
     assert!(Path::new(&format!("/proc/{holder}")).exists());
+    // Refused, not accepted into a backlog nobody serves (which is what makes a caller hang).
     let socket = shim.socket.clone();
-    let started = Instant::now();
     let connected =
         tokio::task::spawn_blocking(move || std::os::unix::net::UnixStream::connect(socket)).await?;
     match connected {
@@ -156,7 +156,6 @@ async fn a_dead_servers_socket_refuses_connections_at_once() -> Result<()> {
         Err(e) => bail!("connect failed, but not as refused: {e}"),
         Ok(_) => bail!("a dead server's socket accepted a connection"),
     }
-    assert!(started.elapsed() < Duration::from_secs(2), "refused at once");
 
     // containerd's `delete` then releases the pod from its record.
     let (ok, _) = shim.delete_command(&id, &shim.bundle)?;
