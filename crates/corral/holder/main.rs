@@ -6,7 +6,7 @@
 //! namespaces, sets hostname and sysctls, then confines itself (see [`confine`]: an empty
 //! read-only root in a mount namespace of its own, no capabilities, no_new_privs, not dumpable,
 //! a seccomp filter), reports `R<pid>` (or the failed step) on stdout, and waits for signals: it
-//! reaps orphans (as pid 1 of a pod PID namespace) and exits on SIGTERM/SIGINT/SIGHUP.
+//! reaps orphans (as pid 1 of a pod PID namespace) and exits on SIGTERM/SIGINT.
 //! Everything here runs single-threaded.
 
 #![no_std]
@@ -140,8 +140,8 @@ const PR_CAP_AMBIENT_CLEAR_ALL: usize = 4;
 const SIGCHLD: usize = 17;
 const WNOHANG: usize = 1;
 const NS_GET_USERNS: usize = 0xb701;
-/// SIGHUP(1), SIGINT(2), SIGTERM(15), SIGCHLD(17) as a kernel sigset.
-const WAITED: u64 = (1 << 0) | (1 << 1) | (1 << 14) | (1 << 16);
+/// SIGINT(2), SIGTERM(15), SIGCHLD(17) as a kernel sigset.
+const WAITED: u64 = (1 << 1) | (1 << 14) | (1 << 16);
 
 /// Opens a path given as bytes (copied with a NUL into a stack buffer).
 fn open(path: &[u8], flags: usize) -> isize {
@@ -329,8 +329,8 @@ struct Fprog {
 }
 
 /// Allows the few system calls the holder makes from here on (report, fork pid 1, point stdio
-/// at /dev/null, wait for signals and children, exit); any other fails with EPERM. A foreign
-/// architecture's calls (x32, i386 entry points) kill it.
+/// at /dev/null, wait for signals and children, exit); any other fails with EPERM, x32 calls
+/// included (same arch value, other numbers). Another architecture's entry (i386) kills it.
 fn install_seccomp() {
     const LD_W_ABS: u16 = 0x20;
     const JEQ_K: u16 = 0x15;
@@ -398,15 +398,17 @@ fn report_ready(pid: isize) {
 }
 
 /// Waits for signals forever: reaps children on SIGCHLD (as pid 1 of the pod it inherits
-/// orphans), exits on SIGTERM/SIGINT/SIGHUP. As pid 1 of a PID namespace the kernel drops those
-/// signals when they come from inside the pod, so only the node can stop it.
+/// orphans), exits on SIGTERM/SIGINT, as the pause container does. Waited-for signals are
+/// delivered even to pid 1 of a PID namespace, so in a shared-PID pod a container allowed to
+/// signal it can end the pod with those two, as it can pause; every other signal keeps its
+/// default action, which the kernel does not apply to pid 1 for signals sent from inside.
 fn wait_forever() -> ! {
     let set = WAITED;
     loop {
         let sig = syscall(nr::RT_SIGTIMEDWAIT, [&set as *const u64 as usize, 0, 0, 8, 0]);
         match sig {
             17 => while syscall(nr::WAIT4, [usize::MAX, 0, WNOHANG, 0, 0]) > 0 {},
-            1 | 2 | 15 => exit(0),
+            2 | 15 => exit(0),
             _ => {}
         }
     }

@@ -11,13 +11,14 @@
 
 use std::fs::{DirBuilder, OpenOptions};
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, MsFlags};
 
 use crate::error::{IoContext, Result};
-use crate::pod::spec::{Dns, PodSpec};
+use crate::pod::spec::Dns;
 use crate::sys::mount::{remove_empty_dir, unmount_if_mounted};
 
 /// Where a pod's files and mounts live.
@@ -77,7 +78,7 @@ const NODE_RESOLV_CONF: &str = "/etc/resolv.conf";
 
 /// Writes hostname, hosts and resolv.conf for the pod into a directory it creates, which must not
 /// exist yet. All or nothing: on failure the directory is gone again (if this call made it).
-pub fn write_files(paths: &PodPaths, spec: &PodSpec) -> Result<()> {
+pub fn write_files(paths: &PodPaths, hostname: &str, dns: Option<&Dns>) -> Result<()> {
     let dir = paths.files_dir();
     if let Some(parent) = dir.parent() {
         // Traversable, not listable, by others: what a container's runtime needs to reach them.
@@ -85,23 +86,45 @@ pub fn write_files(paths: &PodPaths, spec: &PodSpec) -> Result<()> {
     }
     // A fresh directory: if anything is already there, refuse rather than reuse it.
     DirBuilder::new().mode(0o755).create(dir).with_path("create pod files directory", dir)?;
-    let written = write_each(paths, spec);
+    let written = write_each(paths, hostname, dns);
     if written.is_err() {
         let _ = remove_files(paths);
     }
     written
 }
 
-fn write_each(paths: &PodPaths, spec: &PodSpec) -> Result<()> {
-    write_new(&paths.hostname(), format!("{}\n", spec.hostname).as_bytes())?;
+fn write_each(paths: &PodPaths, hostname: &str, dns: Option<&Dns>) -> Result<()> {
+    write_new(&paths.hostname(), format!("{hostname}\n").as_bytes())?;
     let hosts = std::fs::read(NODE_HOSTS).unwrap_or_else(|_| default_hosts().into_bytes());
     write_new(&paths.hosts(), &hosts)?;
-    let resolv = match &spec.dns {
+    let resolv = match dns {
         Some(dns) => resolv_conf(dns).into_bytes(),
         None => std::fs::read(NODE_RESOLV_CONF).unwrap_or_default(),
     };
     write_new(&paths.resolv_conf(), &resolv)?;
-    Ok(())
+    // Not mounted anywhere: tells a later sweep whose pod this was (see sweep_orphans).
+    write_new(&paths.files.join(OWNER_FILE), paths.bundle.as_os_str().as_encoded_bytes())
+}
+
+/// In each pod's files directory: the sandbox bundle of the pod it belongs to.
+const OWNER_FILE: &str = ".bundle";
+
+/// Removes the files directories below `files_root` whose pod's bundle is gone: after a reboot
+/// (bundles live on /run, the files on disk) or a bundle removed without `delete`, nothing else
+/// would, and containers can write these files. A directory without an owner file, or one being
+/// written right now, is left alone. Returns how many it removed.
+pub fn sweep_orphans(files_root: &Path) -> usize {
+    let mut removed = 0;
+    for ns in std::fs::read_dir(files_root).into_iter().flatten().flatten() {
+        for pod in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
+            let Ok(owner) = std::fs::read(pod.path().join(OWNER_FILE)) else { continue };
+            let bundle = Path::new(std::ffi::OsStr::from_bytes(&owner));
+            if bundle.is_absolute() && !bundle.exists() && std::fs::remove_dir_all(pod.path()).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
 }
 
 fn default_hosts() -> String {
@@ -193,6 +216,25 @@ mod tests {
             "search ns.svc.cluster.local svc.cluster.local\nnameserver 10.96.0.10\nnameserver 10.96.0.11\noptions ndots:5\n"
         );
         assert_eq!(resolv_conf(&Dns::default()), "");
+    }
+
+    #[test]
+    fn orphaned_pod_files_are_swept_and_live_ones_kept() {
+        let root = std::env::temp_dir().join(format!("corral-sweep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let live_bundle = root.join("bundles/live");
+        std::fs::create_dir_all(&live_bundle).unwrap();
+        let files_root = root.join("pods");
+        let live = PodPaths::new(&live_bundle, &files_root, "k8s.io", "live");
+        let gone = PodPaths::new(root.join("bundles/gone"), &files_root, "k8s.io", "gone");
+        write_files(&live, "h", None).unwrap();
+        write_files(&gone, "h", None).unwrap();
+        let unowned = files_root.join("k8s.io/unowned");
+        std::fs::create_dir_all(&unowned).unwrap();
+        assert_eq!(sweep_orphans(&files_root), 1);
+        let left = (live.hostname().exists(), gone.files_dir().exists(), unowned.exists());
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(left, (true, false, true));
     }
 
     #[test]

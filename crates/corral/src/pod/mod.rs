@@ -72,7 +72,7 @@ impl Pod {
                 Some(cg)
             }
         };
-        files::write_files(&paths, &spec)?;
+        files::write_files(&paths, &spec.hostname, spec.dns.as_ref())?;
         undo.made.files = true;
         if spec.ipc == NsMode::Pod {
             files::mount_shm(&paths, spec.shm_size_kib)?;

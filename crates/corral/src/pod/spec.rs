@@ -97,10 +97,17 @@ pub fn from_config(config: &PodSandboxConfig, netns_path: &str, settings: &Confi
         None => false,
         Some(raw) => match NamespaceMode::try_from(raw) {
             Ok(NamespaceMode::Node) => false,
-            Ok(NamespaceMode::Pod) if network == NsMode::Pod => true,
-            Ok(NamespaceMode::Pod) => {
+            Ok(NamespaceMode::Pod) if network == NsMode::Pod && ipc == NsMode::Pod => true,
+            Ok(NamespaceMode::Pod) if network != NsMode::Pod => {
                 return Err(Error::invalid(
                     "PodSandboxConfig.linux.security_context.namespace_options.userns_options.mode: POD needs the pod's own network namespace",
+                ))
+            }
+            // As Kubernetes validates: the node's IPC namespace (and /dev/shm, which corral would
+            // idmap for the pod's root) is not for a user-namespaced pod.
+            Ok(NamespaceMode::Pod) => {
+                return Err(Error::invalid(
+                    "PodSandboxConfig.linux.security_context.namespace_options.userns_options.mode: POD needs the pod's own IPC namespace (hostIPC is set)",
                 ))
             }
             _ => {
@@ -331,6 +338,15 @@ mod tests {
         ns.ipc = NamespaceMode::Target as i32;
         assert!(err(from_config(&config(Some(ns)), "/x", &Config::default()))
             .contains("namespace_options.ipc: mode TARGET"));
+        // A user-namespaced pod gets neither the node's network nor its IPC (and /dev/shm).
+        let mut ns = kubelet_ns().unwrap();
+        ns.userns_options =
+            Some(k8s_cri::v1::UserNamespace { mode: NamespaceMode::Pod as i32, ..Default::default() });
+        ns.ipc = NamespaceMode::Node as i32;
+        assert!(err(from_config(&config(Some(ns.clone())), "/x", &Config::default()))
+            .contains("userns_options.mode: POD needs the pod's own IPC namespace"));
+        ns.ipc = NamespaceMode::Pod as i32;
+        assert!(from_config(&config(Some(ns)), "/x", &Config::default()).unwrap().user_namespace);
 
         let mut c = config(kubelet_ns());
         c.dns_config =

@@ -101,6 +101,12 @@ async fn serve(args: &Args, config: &'static crate::config::Config) -> Result<()
     let _ = ready.write_all(b"R");
     drop(ready);
     tracing::info!(sandbox = %args.id, pid = std::process::id(), "serving");
+    // Pod files left by pods whose bundles are gone (a reboot empties /run, not the disk).
+    let files_root = config.pod.files_root.clone();
+    tokio::task::spawn_blocking(move || match crate::pod::files::sweep_orphans(&files_root) {
+        0 => {}
+        n => tracing::info!(removed = n, "swept files of pods whose bundles are gone"),
+    });
 
     let mut term = signal(SignalKind::terminate()).context(|| "watch SIGTERM".into())?;
     let mut int = signal(SignalKind::interrupt()).context(|| "watch SIGINT".into())?;

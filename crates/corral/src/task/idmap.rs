@@ -15,6 +15,7 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -22,6 +23,7 @@ use serde_json::Value;
 
 use crate::error::{Error, IoContext, Result};
 use crate::sys::mount_api::{self, CopyOptions};
+use crate::sys::process::ProcessId;
 
 /// Where the idmapped copies of bind sources live between their preparation and `runc create`:
 /// outside the bundle, which containerd removes recursively.
@@ -286,12 +288,13 @@ impl BindCopies {
             Some(d) => d.clone(),
             None => {
                 sweep_stale(Path::new(COPIES_DIR));
-                let d = Path::new(COPIES_DIR).join(format!(
-                    "{}-{}",
-                    std::process::id(),
-                    NEXT.fetch_add(1, Ordering::Relaxed)
-                ));
-                std::fs::create_dir_all(&d).with_path("create idmapped copies directory", &d)?;
+                let d = Path::new(COPIES_DIR).join(set_name(NEXT.fetch_add(1, Ordering::Relaxed)));
+                private_dir(Path::new(COPIES_DIR))?;
+                // create_dir, not create_dir_all: a directory of that name is never reused.
+                std::fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&d)
+                    .with_path("create idmapped copies directory", &d)?;
                 self.dir = Some(d.clone());
                 d
             }
@@ -334,16 +337,44 @@ impl BindCopies {
     }
 }
 
-/// Releases the copies of shims that died between preparing them and `runc create` (each
-/// directory is named `<shim pid>-<n>`, so a live shim's copies are left alone).
+/// `<shim pid>-<its start time>-<n>`: names the shim that made a set of copies, so a sweep can
+/// tell a live shim's from those of a dead one whose pid was reused.
+fn set_name(n: u64) -> String {
+    let me = ProcessId::current();
+    format!("{}-{}-{n}", me.pid, me.start)
+}
+
+/// The copies expose their sources (pod volumes: secrets, tokens) to whoever can walk to them:
+/// only root may, whatever the umask and whoever made the directory first.
+fn private_dir(dir: &Path) -> Result<()> {
+    std::fs::DirBuilder::new().mode(0o700).recursive(true).create(dir).with_path("create", dir)?;
+    let meta = std::fs::symlink_metadata(dir).with_path("stat", dir)?;
+    if !meta.is_dir() || meta.uid() != 0 {
+        return Err(Error::invalid(format!("{}: not a directory owned by root", dir.display())));
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).with_path("chmod 0700", dir)?;
+    }
+    Ok(())
+}
+
+/// Releases the copies of shims that died between preparing them and `runc create` (see
+/// [`set_name`]: a live shim's copies are left alone).
 pub fn sweep_stale(base: &Path) {
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let pid = name.to_str().and_then(|n| n.split('-').next()).and_then(|p| p.parse::<u32>().ok());
-        if pid.is_none_or(|pid| Path::new(&format!("/proc/{pid}")).exists()) {
+        let mut parts = name.to_str().unwrap_or("").split('-').map(|p| p.parse::<u64>().ok());
+        let (pid, start) = (parts.next().flatten(), parts.next().flatten());
+        let alive = match (pid, start) {
+            (Some(pid), Some(start)) => ProcessId::of(pid as i32).is_some_and(|p| p.start == start),
+            // A name corral did not make (or an older corral's `<pid>-<n>`): by pid alone.
+            (Some(pid), None) => Path::new(&format!("/proc/{pid}")).exists(),
+            _ => true,
+        };
+        if alive {
             continue;
         }
         let points = std::fs::read_dir(entry.path())
@@ -595,6 +626,17 @@ mod tests {
     }
 
     #[test]
+    fn the_copies_directory_is_roots_alone() {
+        let dir = std::env::temp_dir().join(format!("corral-idmap-private-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(&dir).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().mode() & 0o777;
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(mode, 0o700);
+    }
+
+    #[test]
     fn sweeps_the_copies_of_dead_shims_only() {
         let base = std::env::temp_dir().join(format!("corral-idmap-sweep-{}", std::process::id()));
         let source = base.join("source");
@@ -602,14 +644,18 @@ mod tests {
         let mut dead = std::process::Command::new("true").spawn().unwrap();
         let dead_pid = dead.id();
         dead.wait().unwrap();
-        let stale = base.join(format!("{dead_pid}-0"));
-        let live = base.join(format!("{}-0", std::process::id()));
-        std::fs::create_dir_all(stale.join("0")).unwrap();
-        std::fs::create_dir_all(live.join("0")).unwrap();
+        let stale = base.join(format!("{dead_pid}-1-0"));
+        let live = base.join(set_name(0));
+        // This pid, another start time: a dead shim whose pid is ours now.
+        let reused = base.join(format!("{}-{}-0", std::process::id(), ProcessId::current().start + 1));
+        for dir in [&stale, &live, &reused] {
+            std::fs::create_dir_all(dir.join("0")).unwrap();
+        }
         let bind = nix::mount::MsFlags::MS_BIND;
         nix::mount::mount(Some(&source), &stale.join("0"), None::<&str>, bind, None::<&str>).unwrap();
         sweep_stale(&base);
         assert!(!stale.exists(), "a dead shim's copies are detached and removed");
+        assert!(!reused.exists(), "so are those of a dead shim whose pid was reused");
         assert!(source.join("keep").exists(), "through the mount nothing was removed");
         assert!(live.join("0").exists(), "a live shim's copies stay");
         std::fs::remove_dir_all(&base).unwrap();

@@ -142,7 +142,10 @@ fn is_default_shm(m: &Value) -> bool {
 fn pod_mount_idmapping(spec: &serde_json::Map<String, Value>) -> Option<(Value, Value)> {
     let linux = spec.get("linux")?;
     let namespaces = linux.get("namespaces").and_then(Value::as_array)?;
-    if !namespaces.iter().any(|ns| ns["type"] == "user") {
+    // Only a user namespace that exists (the pod's, by path): one runc creates for the container
+    // does not exist yet when corral prepares the idmapped copies.
+    let joined = |ns: &Value| ns["type"] == "user" && ns["path"].as_str().is_some_and(|p| !p.is_empty());
+    if !namespaces.iter().any(joined) {
         return None;
     }
     let non_empty =

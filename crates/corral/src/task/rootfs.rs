@@ -131,6 +131,13 @@ fn idmapped_bind(
     if !data.is_empty() {
         return Err(Error::invalid(format!("{field}.options: {data:?} on an idmapped bind mount")));
     }
+    // What the copy can carry; anything else (nosuid, noexec, ...) is refused rather than dropped.
+    let unsupported = flags - (MsFlags::MS_BIND | MsFlags::MS_REC | MsFlags::MS_RDONLY);
+    if !unsupported.is_empty() {
+        return Err(Error::invalid(format!(
+            "{field}.options: {unsupported:?} not supported on an idmapped bind rootfs"
+        )));
+    }
     let opts = CopyOptions {
         recursive_clone: flags.contains(MsFlags::MS_REC),
         recursive_idmap: false,
