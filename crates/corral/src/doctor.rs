@@ -140,6 +140,56 @@ pub fn check_kernel(ns_dir: &Path, pidfd_works: bool) -> Vec<Finding> {
     out
 }
 
+/// Where the pods' files go must be a disk: on a memory filesystem a container writing its
+/// /etc/resolv.conf fills the node's memory. `fs_type` is statfs's f_type of the nearest
+/// existing directory of `root`.
+pub fn check_files_root(root: &Path, fs_type: Option<i64>) -> Finding {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    match fs_type {
+        Some(TMPFS_MAGIC | RAMFS_MAGIC) => problem(
+            format!("pod.files_root {} is on a memory filesystem", root.display()),
+            "set pod.files_root in /etc/corral/config.toml to a directory on disk (default /var/lib/corral/pods)",
+        ),
+        Some(_) => ok(format!("pod files under {} (on disk)", root.display())),
+        None => problem(format!("pod.files_root {}: no existing directory on its path", root.display()), "create /var/lib"),
+    }
+}
+
+/// The holder confines itself with a seccomp filter and every pod needs it: the kernel must
+/// have seccomp filters (`Seccomp:` in /proc/self/status). User-namespaced pods need idmapped
+/// mounts of tmpfs (6.3+): informational, corral claims them only where they work.
+pub fn check_confinement(status: &str, kernel_release: &str) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if status.lines().any(|l| l.starts_with("Seccomp:")) {
+        out.push(ok("seccomp filters (the holder confines itself with one)"));
+    } else {
+        out.push(problem(
+            "the kernel has no seccomp filters: every pod's holder would fail to confine itself",
+            "use a kernel with CONFIG_SECCOMP_FILTER",
+        ));
+    }
+    let release = kernel_release.trim();
+    if crate::shim::info::kernel_idmaps(release) {
+        out.push(ok(format!(
+            "kernel {release}: idmapped mounts for user-namespaced (hostUsers: false) pods"
+        )));
+    } else {
+        out.push(ok(format!(
+            "kernel {release}: no idmapped tmpfs (6.3+), so corral does not claim user namespace support"
+        )));
+    }
+    out
+}
+
+/// statfs f_type of `path` or of its nearest existing ancestor.
+// f_type is i64 on 64-bit Linux targets but narrower elsewhere.
+#[allow(clippy::unnecessary_cast)]
+fn fs_type_of(path: &Path) -> Option<i64> {
+    let existing = path.ancestors().find(|p| p.exists())?;
+    nix::sys::statfs::statfs(existing).ok().map(|s| s.filesystem_type().0 as i64)
+}
+
 /// Runs every check on this node; returns the findings.
 pub fn run(containerd_config: &Path) -> Vec<Finding> {
     use std::process::Command;
@@ -168,6 +218,7 @@ pub fn run(containerd_config: &Path) -> Vec<Finding> {
                 "corral config: runtime {}, shm {}, cgroup driver {:?}",
                 c.runtime.binary, c.pod.shm_size, c.cgroup.driver
             )));
+            findings.push(check_files_root(&c.pod.files_root, fs_type_of(&c.pod.files_root)));
             let features = output(&c.runtime.binary, &["features"]).is_some();
             findings.extend(check_runtime(
                 &c.runtime.binary,
@@ -185,6 +236,8 @@ pub fn run(containerd_config: &Path) -> Vec<Finding> {
     }
     let pidfd = crate::sys::pidfd::PidFd::probe();
     findings.extend(check_kernel(Path::new("/proc/self/ns"), pidfd));
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    findings.extend(check_confinement(&read("/proc/self/status"), &read("/proc/sys/kernel/osrelease")));
     findings
 }
 
@@ -242,6 +295,20 @@ version = 3
             "2.4 tolerates options"
         );
         assert!(problems(&check_containerd_config("[[[", None))[0].contains("does not parse"));
+    }
+
+    #[test]
+    fn pod_files_must_be_on_disk_and_the_holder_needs_seccomp() {
+        let root = Path::new("/var/lib/corral/pods");
+        assert!(matches!(check_files_root(root, Some(0xEF53)), Finding::Ok(_)), "ext4");
+        assert!(problems(&[check_files_root(root, Some(0x0102_1994))])[0].contains("memory filesystem"));
+        assert!(matches!(check_files_root(root, None), Finding::Problem { .. }));
+        let with = "Name:\tx\nSeccomp:\t0\n";
+        assert!(problems(&check_confinement(with, "6.18.0")).is_empty());
+        assert!(problems(&check_confinement("Name:\tx\n", "6.18.0"))[0].contains("seccomp"));
+        let old = check_confinement(with, "6.1.0-28-amd64");
+        assert!(problems(&old).is_empty(), "no user namespaces is not a problem");
+        assert!(matches!(&old[1], Finding::Ok(s) if s.contains("does not claim")));
     }
 
     #[test]
