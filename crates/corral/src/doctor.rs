@@ -182,6 +182,26 @@ pub fn check_confinement(status: &str, kernel_release: &str) -> Vec<Finding> {
     out
 }
 
+/// The holder moves into an empty root with pivot_root, which the kernel refuses when the node's
+/// root is the initial ramfs itself (no switch_root at boot). `mountinfo`: /proc/self/mountinfo.
+pub fn check_root_mount(mountinfo: &str) -> Finding {
+    // The last mount on "/" is the visible one; its type follows " - ".
+    let root_type = mountinfo
+        .lines()
+        .rev()
+        .find(|l| l.split(' ').nth(4) == Some("/"))
+        .and_then(|l| l.split(" - ").nth(1))
+        .and_then(|rest| rest.split(' ').next());
+    match root_type {
+        Some("rootfs") => problem(
+            "the node's root is the initial ramfs: the holder's pivot_root into its empty root would fail",
+            "boot with a root filesystem (switch_root), as every distribution does",
+        ),
+        Some(t) => ok(format!("root filesystem {t} (the holder can pivot_root)")),
+        None => problem("no root mount in /proc/self/mountinfo", "mount /proc"),
+    }
+}
+
 /// statfs f_type of `path` or of its nearest existing ancestor.
 // f_type is i64 on 64-bit Linux targets but narrower elsewhere.
 #[allow(clippy::unnecessary_cast)]
@@ -238,6 +258,7 @@ pub fn run(containerd_config: &Path) -> Vec<Finding> {
     findings.extend(check_kernel(Path::new("/proc/self/ns"), pidfd));
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     findings.extend(check_confinement(&read("/proc/self/status"), &read("/proc/sys/kernel/osrelease")));
+    findings.push(check_root_mount(&read("/proc/self/mountinfo")));
     findings
 }
 
@@ -309,6 +330,10 @@ version = 3
         let old = check_confinement(with, "6.1.0-28-amd64");
         assert!(problems(&old).is_empty(), "no user namespaces is not a problem");
         assert!(matches!(&old[1], Finding::Ok(s) if s.contains("does not claim")));
+        let disk = "21 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n";
+        assert!(matches!(check_root_mount(disk), Finding::Ok(_)));
+        let ramfs = "1 1 0:1 / / rw shared:1 - rootfs rootfs rw\n";
+        assert!(problems(&[check_root_mount(ramfs)])[0].contains("initial ramfs"));
     }
 
     #[test]
