@@ -192,7 +192,7 @@ pub fn container_bundle(
         {"type": "mount"},
         {"type": "network", "path": format!("/proc/{sandbox_pid}/ns/net")},
     ]);
-    spec["linux"]["cgroupsPath"] = serde_json::json!(format!("/corral-direct/{cid}"));
+    spec["linux"]["cgroupsPath"] = serde_json::json!(cgroups_path(cid));
     DIRECT_CGROUPS_USED.store(true, std::sync::atomic::Ordering::SeqCst);
     std::fs::write(&path, serde_json::to_vec_pretty(&spec)?)?;
     let mut mount = Mount::new();
@@ -200,6 +200,25 @@ pub fn container_bundle(
     mount.source = image.display().to_string();
     mount.options = vec!["rbind".into(), "ro".into()];
     Ok((bundle, vec![mount]))
+}
+
+/// The `linux.cgroupsPath` of direct container `cid`: a plain path on a cgroupfs node, a
+/// scope in system.slice (`slice:prefix:name`, as CRI writes them) on a systemd node.
+pub fn cgroups_path(cid: &str) -> String {
+    if crate::cgroup::is_systemd() {
+        format!("system.slice:corral-direct:{cid}")
+    } else {
+        format!("/corral-direct/{cid}")
+    }
+}
+
+/// The cgroup direct container `cid` lives in (see [`cgroups_path`]).
+pub fn container_cgroup(cid: &str) -> String {
+    if crate::cgroup::is_systemd() {
+        format!("/system.slice/corral-direct-{cid}.scope")
+    } else {
+        format!("/corral-direct/{cid}")
+    }
 }
 
 /// A network namespace made for a test with `ip netns add`, deleted on drop.

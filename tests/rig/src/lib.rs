@@ -6,8 +6,10 @@
 //! - [`Rig`]: start / stop containerd, import the locally built busybox image.
 //! - [`cri`]: a CRI client over the unix socket, and kubelet-like config builders.
 //! - [`probe`]: facts read from /proc and the mount table, never from corral's own answers.
+//! - [`cgroup`]: the node's cgroup driver (cgroupfs on v1, systemd on v2) and cgroup facts.
 //! - [`stream`]: CRI's streaming (Exec, Attach) as kubectl speaks it.
 
+pub mod cgroup;
 pub mod cri;
 pub mod direct;
 pub mod probe;
@@ -127,6 +129,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
+{runc_options}
 
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral]
   runtime_type = "io.containerd.corral.v2"
@@ -138,6 +141,13 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 {extra}
 "#,
             shim_env = shim_env,
+            // What a systemd node's containerd has: runc's systemd cgroup manager, which CRI's
+            // slice:prefix:name cgroup paths need. corral takes the driver from the path's shape.
+            runc_options = if cgroup::is_systemd() {
+                "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\n  SystemdCgroup = true"
+            } else {
+                ""
+            },
             extra = self.options.extra_config,
             root = self.root.display(),
             state = self.state.display(),
@@ -216,9 +226,16 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
         Ok(())
     }
 
-    /// A kubelet-like pod config named `name`, logging under this rig's log directory.
+    /// A kubelet-like pod config named `name`, logging under this rig's log directory. On a
+    /// systemd node it has the pod's slice as its cgroup parent, since kubelet always sends one
+    /// there (and runc's systemd manager needs one); on a cgroupfs node none unless a test sets
+    /// [`Rig::cgroup_parent`].
     pub fn pod_config(&self, name: &str) -> k8s_cri::v1::PodSandboxConfig {
-        cri::pod_config(name, &cri::log_dir(&self.dir, name))
+        let mut cfg = cri::pod_config(name, &cri::log_dir(&self.dir, name));
+        if cgroup::is_systemd() {
+            cfg.linux.as_mut().expect("linux").cgroup_parent = self.cgroup_parent(name);
+        }
+        cfg
     }
 
     /// Runs `ctr` against this instance in namespace k8s.io; returns stdout.
@@ -235,10 +252,94 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// A cgroup parent for this rig's pods, as kubelet would make one per pod; removed with the
-    /// rig.
+    /// A cgroup parent for pod `pod`, made as kubelet makes one before the pod's sandbox:
+    /// cgroupfs `/corral-e2e/<rig>/<pod>` (created by corral, as a path kubelet would have
+    /// made), systemd the slice `kubepods-besteffort-pod<uid>.slice`, started here, with a uid
+    /// made of the rig's and the pod's names. Removed by [`Rig::remove_cgroup_parent`] or with
+    /// the rig.
     pub fn cgroup_parent(&self, pod: &str) -> String {
-        format!("/corral-e2e/{}/{pod}", self.name)
+        match cgroup::driver() {
+            cgroup::Driver::Cgroupfs => format!("/corral-e2e/{}/{pod}", self.name),
+            cgroup::Driver::Systemd => {
+                let slice = format!("{}{}.slice", self.slice_prefix(), pod.replace(['-', '.'], "_"));
+                cgroup::start_slice(&slice).unwrap_or_else(|e| panic!("pod cgroup parent: {e:#}"));
+                slice
+            }
+        }
+    }
+
+    /// `kubepods-besteffort-pod<rig name>_`: every pod slice of this rig starts with it (systemd
+    /// reads '-' as a level, so the rig's '-' becomes '_', as kubelet does with a pod uid's).
+    fn slice_prefix(&self) -> String {
+        format!("kubepods-besteffort-pod{}_", self.name.replace('-', "_"))
+    }
+
+    /// Removes pod `pod`'s cgroup parent once the pod is gone, as kubelet does; an error if
+    /// anything is still in it (a leaked pod or container cgroup), after a few seconds for
+    /// teardowns to settle.
+    pub async fn remove_cgroup_parent(&self, pod: &str) -> Result<()> {
+        let parent = self.cgroup_parent_dir(pod);
+        eventually(Duration::from_secs(10), || {
+            let left = cgroup::children(&parent);
+            (!left.is_empty()).then(|| format!("cgroup parent {} not empty: {left:?}", parent.display()))
+        })
+        .await?;
+        match cgroup::driver() {
+            cgroup::Driver::Cgroupfs => {
+                for m in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
+                    let dir = m.path().join(format!("corral-e2e/{}/{pod}", self.name));
+                    match std::fs::remove_dir(&dir) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            bail!("remove {}: {e}", dir.display())
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            cgroup::Driver::Systemd => {
+                let slice = self.cgroup_parent(pod);
+                cgroup::stop_units(std::slice::from_ref(&slice));
+                if !cgroup::units(&slice).is_empty() {
+                    bail!("slice {slice} still loaded after stop");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn cgroup_parent_dir(&self, pod: &str) -> PathBuf {
+        let rel = match cgroup::driver() {
+            cgroup::Driver::Cgroupfs => format!("/corral-e2e/{}/{pod}", self.name),
+            cgroup::Driver::Systemd => {
+                cgroup::slice_path(&format!("{}{}.slice", self.slice_prefix(), pod.replace(['-', '.'], "_")))
+            }
+        };
+        cgroup::dir("memory", &rel)
+    }
+
+    /// The cgroups of this rig's pod parents (the memory hierarchy's, on v1): what kubelet made.
+    pub fn pod_parent_cgroups(&self) -> Vec<PathBuf> {
+        match cgroup::driver() {
+            cgroup::Driver::Cgroupfs => {
+                cgroup::children(&cgroup::dir("memory", &format!("/corral-e2e/{}", self.name)))
+            }
+            cgroup::Driver::Systemd => {
+                let prefix = self.slice_prefix();
+                cgroup::children(&cgroup::dir("memory", "/kubepods.slice/kubepods-besteffort.slice"))
+                    .into_iter()
+                    .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&prefix)))
+                    .collect()
+            }
+        }
+    }
+
+    /// Loaded systemd units of pods: this rig's pod slices and every container scope
+    /// (`cri-containerd-*.scope`) on the node, whatever their state (a failed or abandoned
+    /// scope is a leak too). None on a cgroupfs node.
+    pub fn units(&self) -> Vec<String> {
+        let mut units = cgroup::units(&format!("{}*", self.slice_prefix()));
+        units.extend(cgroup::units("cri-containerd-*.scope"));
+        units
     }
 
     pub async fn cri(&self) -> Result<Cri> {
@@ -313,6 +414,11 @@ impl Drop for Rig {
             probe::mounts_under(&[&self.dir, self.state.parent().unwrap_or(&self.state)]).into_iter().rev()
         {
             let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
+        }
+        // Pod slices (and whatever is left in them) of a systemd node; kubelet's parent slices
+        // (kubepods.slice, kubepods-besteffort.slice) stay, as on a node.
+        if cgroup::is_systemd() {
+            cgroup::stop_units(&cgroup::units(&format!("{}*", self.slice_prefix())));
         }
         // Pod cgroups tests created under /corral-e2e/<rig name> (see [`Rig::cgroup_parent`]).
         if let Ok(mounts) = std::fs::read_dir("/sys/fs/cgroup") {

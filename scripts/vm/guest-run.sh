@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs inside the VM (started by the image's guest-boot.sh with the shared checkout's path):
+# prints what the guest is, runs the e2e test binaries test-vm.sh listed in target/vm/run/tests
+# the way `cargo test` does, and writes "passed failed" to target/vm/run/result for the host.
+set -uo pipefail
+ws=${1:?workspace}
+run=$ws/target/vm/run
+exec >>"$run/guest.log" 2>&1
+echo "guest: $(stat -f -c %T /sys/fs/cgroup)"
+echo "guest: $(cat /proc/1/comm)"
+echo "guest: kernel $(uname -r), $(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), $(nproc) CPUs"
+# The rig's systemd mode (tests/rig: CORRAL_RIG_CGROUP=systemd) is also detected on its own;
+# naming it makes a wrong detection fail loudly instead of testing cgroupfs.
+export CORRAL_RIG_CGROUP=systemd
+export RUST_BACKTRACE=1
+passed=0 failed=0
+cd "$ws/tests/e2e"
+while read -r name bin; do
+  echo "     Running tests/$name.rs (${bin#"$ws"/})"
+  start=$(date +%s)
+  "$bin" --test-threads=2 2>&1 | tee "$run/$name.log"
+  result=$(grep -E '^test result: ' "$run/$name.log" | tail -1)
+  if [[ $result =~ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
+    passed=$((passed + BASH_REMATCH[1]))
+    failed=$((failed + BASH_REMATCH[2]))
+  else
+    echo "test-vm: $name ended without a result (crashed or killed)"
+    failed=$((failed + 1))
+  fi
+  echo "test-vm: $name took $(($(date +%s) - start)) s"
+done <"$run/tests"
+echo "$passed passed, $failed failed"
+echo "$passed $failed" >"$run/result"
+# For the record (not the test's business): what is still running, and the units of pods.
+{
+  systemd-cgls --no-pager
+  systemctl list-units --all --no-pager 'kubepods*' 'cri-containerd-*' 'corral-direct-*'
+} >"$run/guest-end.txt" 2>&1
+sync
+# Nothing in the guest needs an orderly shutdown (its disk is a throw-away overlay, results are
+# on the share): power off at once instead of waiting for stop timeouts.
+systemctl poweroff --force --force
