@@ -18,8 +18,9 @@ trap 'rm -rf "$work"' EXIT
 root=$work/root
 
 # What the guest needs besides install-deps.sh's packages: systemd as init, a kernel whose
-# initramfs initramfs-tools builds here, and the tools the tests call (ip, python3, ps).
-pkgs=systemd,systemd-sysv,udev,kmod,linux-image-amd64,initramfs-tools,iproute2,procps,python3,ca-certificates
+# initramfs initramfs-tools builds here, D-Bus (runc's and kubelet's way to systemd, as on a node)
+# and the tools the tests call (ip, python3, ps).
+pkgs=systemd,systemd-sysv,dbus,udev,kmod,linux-image-amd64,initramfs-tools,iproute2,procps,python3,ca-certificates
 mirror=http://deb.debian.org/debian
 log "mmdebstrap bookworm into $root"
 mmdebstrap --mode=root --variant=minbase --include="$pkgs" \

@@ -49,7 +49,7 @@ async fn the_holder_lives_in_the_pod_cgroup_and_stats_report_the_pod() -> Result
         assert_eq!(cgroup::units(&scope), vec![scope.clone()], "runc asked systemd for the scope");
     }
     let mut cpu = 0;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let deadline = std::time::Instant::now() + corral_rig::scaled(Duration::from_secs(20));
     while cpu < 100_000_000 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let stats = cri

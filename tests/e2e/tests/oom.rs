@@ -28,7 +28,7 @@ async fn a_container_over_its_memory_limit_is_reported_oom_killed() -> Result<()
     assert_eq!(code, 137);
     // The reason comes with the OOM event (v1: the memory.oom_control eventfd; v2: the
     // oom_kill count in memory.events), which may land just after the exit.
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let deadline = std::time::Instant::now() + corral_rig::scaled(Duration::from_secs(15));
     loop {
         let status = cri.container_status(&c).await?.status.context("status")?;
         if status.reason == "OOMKilled" {

@@ -24,7 +24,7 @@ async fn a_killed_shim_is_cleaned_up_by_delete_and_the_pod_goes_notready() -> Re
     kill(Pid::from_raw(shim as i32), Signal::SIGKILL)?;
 
     // CRI learns it through the broken WaitSandbox and reports the pod NOTREADY within 1 s.
-    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    let deadline = std::time::Instant::now() + corral_rig::scaled(Duration::from_secs(1));
     // (Right after the crash PodSandboxStatus may fail once: the connection is closing.)
     while cri.pod_ready(&pod).await.unwrap_or(true) {
         assert!(std::time::Instant::now() < deadline, "pod still READY 1 s after its shim died");

@@ -56,9 +56,9 @@ pub fn shim_binary() -> PathBuf {
     crate::shim_dir().join("containerd-shim-corral-v2")
 }
 
-/// A 5 s ttrpc context.
+/// A 5 s ttrpc context ([`crate::scaled`]).
 pub fn ctx() -> ttrpc::context::Context {
-    ttrpc::context::with_timeout(5_000_000_000)
+    ttrpc::context::with_timeout(crate::scaled(std::time::Duration::from_secs(5)).as_nanos() as i64)
 }
 
 impl DirectShim {

@@ -185,7 +185,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
     }
 
     async fn wait_ready(&mut self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + scaled(Duration::from_secs(30));
         loop {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 bail!("containerd exited early ({status}); log: {}", self.log_tail(30));
@@ -198,7 +198,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
                 }
             }
             if Instant::now() > deadline {
-                bail!("containerd not ready after 30 s; log: {}", self.log_tail(30));
+                bail!(
+                    "containerd not ready after {:?}; log: {}",
+                    scaled(Duration::from_secs(30)),
+                    self.log_tail(30)
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -369,7 +373,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
     fn stop_daemon(&mut self, signal: nix::sys::signal::Signal) {
         if let Some(mut child) = self.child.take() {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let deadline = Instant::now() + scaled(Duration::from_secs(10));
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
                     return;
@@ -446,9 +450,25 @@ fn remove_cgroup_tree(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
-/// Polls `check` until it returns `None` or `timeout` passes; returns the last complaint.
-/// For facts that settle shortly after an RPC returns (a process finishing its exit).
+/// `d` stretched by `CORRAL_RIG_TIME_SCALE` (a whole number, default 1): the waits of the rig
+/// and the tests are sized for this machine, and a slower one (software emulation runs the
+/// same work several times slower; scripts/test-vm.sh sets it) needs longer ones. Nothing
+/// asserts a duration; this only keeps a slow node from failing a wait for a fact that comes.
+pub fn scaled(d: Duration) -> Duration {
+    static SCALE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    d * *SCALE.get_or_init(|| {
+        std::env::var("CORRAL_RIG_TIME_SCALE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|s| *s > 0)
+            .unwrap_or(1)
+    })
+}
+
+/// Polls `check` until it returns `None` or `timeout` ([`scaled`]) passes; returns the last
+/// complaint. For facts that settle shortly after an RPC returns (a process finishing its exit).
 pub async fn eventually<F: FnMut() -> Option<String>>(timeout: Duration, mut check: F) -> Result<()> {
+    let timeout = scaled(timeout);
     let deadline = Instant::now() + timeout;
     loop {
         match check() {
