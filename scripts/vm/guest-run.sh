@@ -12,6 +12,7 @@ echo "guest: kernel $(uname -r), $(containerd --version | awk '{print $3}'), run
 # The rig's systemd mode (tests/rig: CORRAL_RIG_CGROUP=systemd) is also detected on its own;
 # naming it makes a wrong detection fail loudly instead of testing cgroupfs.
 export CORRAL_RIG_CGROUP=systemd
+export CORRAL_SHIM_DIR=$run/bin
 # Waits in the rig and tests are sized for the host; software emulation is several times
 # slower (only waits grow: nothing asserts a duration).
 if [[ $(systemd-detect-virt 2>/dev/null) == qemu ]]; then

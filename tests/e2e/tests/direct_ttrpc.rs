@@ -115,7 +115,13 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
         socket.exists().then(|| "socket still there: the shim did not exit".into())
     })
     .await?;
-    assert!(probe::pids_with_cmdline(&id).is_empty(), "no process of the pod is left");
+    // No process of the pod is left (a SIGKILLed process may take a moment to be gone).
+    eventually(Duration::from_secs(3), || {
+        let left: Vec<_> =
+            probe::pids_with_cmdline(&id).into_iter().map(|p| (p, probe::cmdline(p as u32))).collect();
+        (!left.is_empty()).then(|| format!("processes of the pod left: {left:?}"))
+    })
+    .await?;
 
     // containerd then runs `delete`; it must succeed with nothing to do, twice, and print a
     // DeleteResponse.

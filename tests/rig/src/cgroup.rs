@@ -50,8 +50,8 @@ pub fn is_systemd() -> bool {
 
 /// Whether /sys/fs/cgroup is the unified hierarchy (cgroup2fs), not v1 or hybrid.
 pub fn is_v2() -> bool {
-    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-    nix::sys::statfs::statfs(ROOT).is_ok_and(|s| s.filesystem_type().0 as i64 == CGROUP2_SUPER_MAGIC)
+    use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
+    statfs(ROOT).is_ok_and(|s| s.filesystem_type() == CGROUP2_SUPER_MAGIC)
 }
 
 fn systemd_is_init() -> bool {
