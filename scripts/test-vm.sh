@@ -12,12 +12,13 @@
 # Needs root, qemu-system-x86, mmdebstrap, e2fsprogs and Debian's mirror for the first run, which
 # builds the image into target/vm/image (cached, keyed on the files that make it). Software
 # emulation (TCG) unless a quick KVM probe boots; CORRAL_VM_ACCEL=tcg|kvm forces one.
-# Logs: target/vm/run/{boot.log,guest.log,<test>.log}.
+# Logs: target/vm/run/{boot.log,guest.log,<test>.log,containerd/} (CORRAL_VM_RUN names another
+# directory under the checkout, for a second run beside the first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ws=$(pwd -P)
 vm=$ws/target/vm
-run=$vm/run
+run=${CORRAL_VM_RUN:-$vm/run}
 
 # Test files whose behaviour depends on the cgroup version or driver, or that exercise the
 # pod's lifecycle end to end: the part of the suite CI runs in the VM (the host runs all).
@@ -109,7 +110,7 @@ timeout_min=$([[ $tests == all ]] && echo 240 || echo 90)
 TMPDIR=$run timeout "${timeout_min}m" qemu-system-x86_64 -accel "$accel" -smp 2 -m 4096 -cpu max \
   -nodefaults -display none -no-reboot \
   -kernel "$image/vmlinuz" -initrd "$image/initrd.img" \
-  -append "root=LABEL=corral-vm rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 panic=-1 corral.ws=$ws" \
+  -append "root=LABEL=corral-vm rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 panic=-1 corral.ws=$ws corral.run=$run" \
   -drive "file=$image/root.img,if=virtio,format=raw,snapshot=on" \
   -virtfs "local,path=$ws,mount_tag=corral,security_model=passthrough,id=ws" \
   -serial "file:$run/boot.log" </dev/null &

@@ -4,7 +4,11 @@
 # the way `cargo test` does, and writes "passed failed" to target/vm/run/result for the host.
 set -uo pipefail
 ws=${1:?workspace}
+# test-vm.sh names its run directory on the kernel command line (corral.run=PATH).
 run=$ws/target/vm/run
+for arg in $(cat /proc/cmdline); do
+  case $arg in corral.run=*) run=${arg#corral.run=} ;; esac
+done
 exec >>"$run/guest.log" 2>&1
 echo "guest: $(stat -f -c %T /sys/fs/cgroup)"
 echo "guest: $(cat /proc/1/comm)"
@@ -13,6 +17,9 @@ echo "guest: kernel $(uname -r), $(containerd --version | awk '{print $3}'), run
 # naming it makes a wrong detection fail loudly instead of testing cgroupfs.
 export CORRAL_RIG_CGROUP=systemd
 export CORRAL_SHIM_DIR=$run/bin
+# Each rig's containerd log comes back to the host (the guest's disk does not).
+export CORRAL_RIG_LOG_COPY=$run/containerd
+mkdir -p "$CORRAL_RIG_LOG_COPY"
 # Waits in the rig and tests are sized for the host; software emulation is several times
 # slower (only waits grow: nothing asserts a duration).
 if [[ $(systemd-detect-virt 2>/dev/null) == qemu ]]; then

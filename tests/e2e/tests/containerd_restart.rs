@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use corral_rig::cri::{container_config, log_dir, pod_config, wait_for_text};
+use corral_rig::cri::{container_config, log_dir, wait_for_text};
 use corral_rig::{eventually, probe, Options, Rig};
 use k8s_cri::v1::ContainerState;
 use nix::sys::signal::Signal;
@@ -17,7 +17,7 @@ async fn pods_survive_containerd_restarts() -> Result<()> {
     for i in 0..10 {
         let name = format!("survivor{i}");
         let logs = log_dir(&rig.dir, &name);
-        let cfg = pod_config(&name, &logs);
+        let cfg = rig.pod_config(&name);
         let pod = cri.run_pod(&cfg, "corral").await?;
         // One container ticks into its log every 100 ms from a child process (pid 1 of a pid
         // namespace would not die of SIGPIPE; a child does, and then pid 1 exits); the other

@@ -431,6 +431,10 @@ impl Drop for Rig {
                 let _ = std::fs::remove_dir(m.path().join("corral-e2e"));
             }
         }
+        // A log directory outside the rig (scripts/test-vm.sh: the guest's disk is thrown away).
+        if let Some(dir) = std::env::var_os("CORRAL_RIG_LOG_COPY") {
+            let _ = std::fs::copy(&self.log, Path::new(&dir).join(format!("{}.log", self.name)));
+        }
         if std::env::var_os("CORRAL_RIG_KEEP").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
             let _ = std::fs::remove_dir_all(self.state.parent().unwrap_or(&self.state));
