@@ -24,6 +24,8 @@ mkdir -p "$CORRAL_RIG_LOG_COPY"
 # slower (only waits grow: nothing asserts a duration).
 if [[ $(systemd-detect-virt 2>/dev/null) == qemu ]]; then
   export CORRAL_RIG_TIME_SCALE=8
+  # containerd's own recovery deadlines do not stretch: fewer pods through its restarts.
+  export CORRAL_RESTART_PODS=3
 else
   export CORRAL_RIG_TIME_SCALE=2
 fi
