@@ -32,6 +32,7 @@ impl Drop for DirectShim {
         }
         let _ = std::fs::remove_file(&self.socket);
         let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(self.program_dir());
         if DIRECT_CGROUPS_USED.load(std::sync::atomic::Ordering::SeqCst) {
             if let Ok(mounts) = std::fs::read_dir("/sys/fs/cgroup") {
                 for m in mounts.flatten() {
@@ -50,6 +51,14 @@ pub struct DirectShim {
     pub socket: PathBuf,
     pub sandbox: SandboxClient,
     pub task: TaskClient,
+}
+
+impl DirectShim {
+    /// A directory for programs a test writes and runs (logging programs), removed with the
+    /// shim: on disk, since systemd mounts /run (where [`DirectShim::dir`] is) noexec.
+    pub fn program_dir(&self) -> PathBuf {
+        PathBuf::from("/var/lib/corral-rig/direct").join(&self.id)
+    }
 }
 
 pub fn shim_binary() -> PathBuf {
