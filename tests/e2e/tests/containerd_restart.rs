@@ -1,10 +1,14 @@
 //! containerd restarts (SIGKILL and SIGTERM) while ten corral pods run: the pods stay READY, their
 //! containers RUNNING, execs work, logs keep flowing, and teardown afterwards leaves nothing.
+//!
+//! `CORRAL_RESTART_PODS` sets the number of pods: containerd reloads every task with its own
+//! fixed deadlines (10 s per container in CRI's recovery), which software emulation cannot meet
+//! for twenty containers at once, so scripts/test-vm.sh runs fewer there.
 
 use std::time::Duration;
 
 use anyhow::Result;
-use corral_rig::cri::{container_config, log_dir, pod_config, wait_for_text};
+use corral_rig::cri::{container_config, log_dir, wait_for_text};
 use corral_rig::{eventually, probe, Options, Rig};
 use k8s_cri::v1::ContainerState;
 use nix::sys::signal::Signal;
@@ -14,10 +18,11 @@ async fn pods_survive_containerd_restarts() -> Result<()> {
     let mut rig = Rig::start(Options::default()).await?;
     let mut cri = rig.cri().await?;
     let mut pods = Vec::new();
-    for i in 0..10 {
+    let n: usize = std::env::var("CORRAL_RESTART_PODS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    for i in 0..n {
         let name = format!("survivor{i}");
         let logs = log_dir(&rig.dir, &name);
-        let cfg = pod_config(&name, &logs);
+        let cfg = rig.pod_config(&name);
         let pod = cri.run_pod(&cfg, "corral").await?;
         // One container ticks into its log every 100 ms from a child process (pid 1 of a pid
         // namespace would not die of SIGPIPE; a child does, and then pid 1 exits); the other

@@ -11,7 +11,7 @@ use containerd_shim_protos::protobuf::Message;
 use containerd_shim_protos::sandbox_api::*;
 use corral_rig::cri::{pod_config, pod_ns};
 use corral_rig::direct::{ctx, DirectShim};
-use corral_rig::{eventually, probe};
+use corral_rig::{cgroup, eventually, probe};
 use k8s_cri::v1::NamespaceMode;
 
 fn host(kind: &str) -> String {
@@ -36,14 +36,16 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
     assert_eq!(probe::ns(created_pid, "uts")?, host("uts"));
     assert_eq!(probe::ns(created_pid, "ipc")?, probe::ns(holder, "ipc")?);
 
-    // Pause and Resume freeze and thaw the container's cgroup; State says PAUSED meanwhile.
-    let freezer = format!("/sys/fs/cgroup/freezer/corral-direct/{cid}/freezer.state");
+    // Pause and Resume freeze and thaw the container's cgroup (v1 freezer.state, v2
+    // cgroup.freeze, read back from cgroup.events); State says PAUSED meanwhile.
+    let cg = corral_rig::direct::container_cgroup(&cid);
+    assert!(!cgroup::frozen(&cg)?, "{cg} not frozen before Pause");
     shim.task.pause(ctx(), &PauseRequest { id: cid.clone(), ..Default::default() }).await?;
-    assert_eq!(std::fs::read_to_string(&freezer)?.trim(), "FROZEN");
+    assert!(cgroup::frozen(&cg)?, "{cg} frozen after Pause");
     let state = shim.task.state(ctx(), &StateRequest { id: cid.clone(), ..Default::default() }).await?;
     assert_eq!(state.status, containerd_shim_protos::types::task::Status::PAUSED.into());
     shim.task.resume(ctx(), &ResumeRequest { id: cid.clone(), ..Default::default() }).await?;
-    assert_eq!(std::fs::read_to_string(&freezer)?.trim(), "THAWED");
+    assert!(!cgroup::frozen(&cg)?, "{cg} thawed after Resume");
 
     // Update applies new resources (OCI LinuxResources JSON, as containerd sends them).
     let mut resources = containerd_shim_protos::protobuf::well_known_types::any::Any::new();
@@ -52,9 +54,7 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
     let update =
         UpdateTaskRequest { id: cid.clone(), resources: Some(resources).into(), ..Default::default() };
     shim.task.update(ctx(), &update).await?;
-    let limit =
-        std::fs::read_to_string(format!("/sys/fs/cgroup/memory/corral-direct/{cid}/memory.limit_in_bytes"))?;
-    assert_eq!(limit.trim(), "67108864");
+    assert_eq!(cgroup::memory_limit(&cg)?, "67108864");
     let mut bad = update.clone();
     bad.resources.as_mut().unwrap().value = b"[1]".to_vec();
     let err = shim.task.update(ctx(), &bad).await.unwrap_err();
@@ -73,6 +73,15 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
     assert_eq!(waited.exit_status, 137);
     let deleted = shim.task.delete(ctx(), &DeleteRequest { id: cid.clone(), ..Default::default() }).await?;
     assert_eq!(deleted.exit_status, 137);
+    // runc removed the container's cgroup, and on a systemd node its scope unit.
+    eventually(Duration::from_secs(5), || cgroup::exists(&cg).then(|| format!("{cg} left after Delete")))
+        .await?;
+    let scope = format!("corral-direct-{cid}.scope");
+    eventually(Duration::from_secs(5), || {
+        let left = cgroup::units(&scope);
+        (!left.is_empty()).then(|| format!("units left after Delete: {left:?}"))
+    })
+    .await?;
 
     // containerd main: Shutdown after every task deletion. The pod lives on, and so does the shim.
     shim.task.shutdown(ctx(), &ShutdownRequest { id: cid.clone(), ..Default::default() }).await?;
@@ -106,7 +115,13 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
         socket.exists().then(|| "socket still there: the shim did not exit".into())
     })
     .await?;
-    assert!(probe::pids_with_cmdline(&id).is_empty(), "no process of the pod is left");
+    // No process of the pod is left (a SIGKILLed process may take a moment to be gone).
+    eventually(Duration::from_secs(3), || {
+        let left: Vec<_> =
+            probe::pids_with_cmdline(&id).into_iter().map(|p| (p, probe::cmdline(p as u32))).collect();
+        (!left.is_empty()).then(|| format!("processes of the pod left: {left:?}"))
+    })
+    .await?;
 
     // containerd then runs `delete`; it must succeed with nothing to do, twice, and print a
     // DeleteResponse.

@@ -1,7 +1,7 @@
 //! Load: create/start/stop/remove pod cycles, four at a time, each with one container. Every
 //! cycle succeeds and afterwards every leak check is back at its baseline: mounts, processes,
-//! runc containers, cgroups, containerd's open fds, bundles, network namespaces, sockets, pod
-//! file directories.
+//! runc containers, cgroups (and on a systemd node the pods' slices and containers' scopes),
+//! containerd's open fds, bundles, network namespaces, sockets, pod file directories.
 //!
 //! CI runs 24 cycles; `CORRAL_LOAD_CYCLES=200 cargo test -p corral-e2e --test load` runs the
 //! full one.
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use corral_rig::cri::container_config;
-use corral_rig::{eventually, probe, Options, Rig};
+use corral_rig::{cgroup, eventually, probe, Options, Rig};
 
 fn count(dir: impl AsRef<Path>) -> usize {
     std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
@@ -25,26 +25,19 @@ fn snapshot(rig: &Rig, containerd: u32) -> Vec<(&'static str, usize)> {
         .into_iter()
         .filter(|p| probe::cmdline(*p).first().is_some_and(|a| a == "corral-holder"))
         .count();
-    // Cgroups below the pods' parents (which are kubelet's, here the rig's): the sandbox's and
-    // the containers'.
-    let subdirs = |dir: &Path| -> Vec<std::path::PathBuf> {
-        std::fs::read_dir(dir)
-            .map(|d| {
-                d.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()).collect()
-            })
-            .unwrap_or_default()
-    };
-    let cgroups = subdirs(Path::new(&format!("/sys/fs/cgroup/memory/corral-e2e/{}", rig.name)))
-        .iter()
-        .map(|parent| subdirs(parent).len())
-        .sum::<usize>();
+    // The pods' cgroup parents (kubelet's, here the rig's, removed after each cycle as kubelet
+    // does) and the cgroups below them: the sandbox's and the containers'.
+    let parents = rig.pod_parent_cgroups();
+    let cgroups = parents.len() + parents.iter().map(|p| cgroup::children(p).len()).sum::<usize>();
     vec![
         ("mounts under containerd's dirs", probe::mounts_under(&[&rig.state, &rig.root]).len()),
         ("mounts naming corral", probe::mounts_containing("corral/").len()),
         ("shim processes", probe::pids_with_cmdline(&marker).len()),
         ("holders", holders),
         ("runc containers", probe::corral_runc_containers().len()),
-        ("pod and container cgroups", cgroups),
+        ("pod parents, pod and container cgroups", cgroups),
+        // systemd nodes: pod slices and container scopes, in any state.
+        ("systemd units", rig.units().len()),
         ("containerd fds", count(format!("/proc/{containerd}/fd"))),
         ("sandbox bundles", count(rig.state.join("io.containerd.sandbox.controller.v1.shim/k8s.io"))),
         ("task bundles", count(rig.state.join("io.containerd.runtime.v2.task/k8s.io"))),
@@ -71,6 +64,7 @@ async fn pod_cycles_under_load_leave_nothing() -> Result<()> {
             cri.stop_container(&c).await?;
             cri.remove_container(&c).await?;
             cri.stop_and_remove_pod(&pod).await?;
+            rig.remove_cgroup_parent(&name).await?;
             anyhow::Ok(())
         }
     };

@@ -69,7 +69,9 @@ async fn containers_see_the_pod_files_and_one_shm_like_on_the_pause_sandbox() ->
     let rig = Rig::start(Options { pause_image: true, ..Default::default() }).await?;
     let mut cri = rig.cri().await?;
     let corral = observe(&rig, &mut cri, "corral").await?;
-    let pause = tokio::time::timeout(Duration::from_secs(60), observe(&rig, &mut cri, "runc")).await??;
+    let pause =
+        tokio::time::timeout(corral_rig::scaled(Duration::from_secs(60)), observe(&rig, &mut cri, "runc"))
+            .await??;
 
     assert_eq!(corral.hostname, "files-corral\n");
     assert_eq!(corral.etc_hostname, "files-corral\n");

@@ -19,7 +19,7 @@ async fn a_killed_holder_ends_the_pod_and_kubelet_recreates_it() -> Result<()> {
     let c = cri.run_container(&old, &cfg, &container_config("app", "exec sleep 1000")).await?;
 
     kill(Pid::from_raw(probe::holder_of(&old).context("holder")? as i32), Signal::SIGKILL)?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + corral_rig::scaled(Duration::from_secs(5));
     while cri.pod_ready(&old).await? {
         assert!(std::time::Instant::now() < deadline, "pod still READY after its holder died");
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -26,7 +26,7 @@ async fn a_killed_shim_is_cleaned_up_by_delete_and_the_pod_goes_notready() -> Re
     // CRI learns it through the broken WaitSandbox and reports the pod NOTREADY (well under a
     // second on an idle node; the bound here only keeps a broken run from hanging, it is not a
     // timing claim).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + corral_rig::scaled(Duration::from_secs(10));
     // (Right after the crash PodSandboxStatus may fail once: the connection is closing.)
     while cri.pod_ready(&pod).await.unwrap_or(true) {
         assert!(std::time::Instant::now() < deadline, "pod still READY 10 s after its shim died");

@@ -38,7 +38,8 @@ async fn a_binary_logger_gets_both_streams_and_the_ids_and_ends_with_the_process
     // closing fd 5 says it is ready.
     let out = shim.dir.join("logger-out");
     std::fs::create_dir_all(&out)?;
-    let logger = shim.dir.join("logger.sh");
+    std::fs::create_dir_all(shim.program_dir())?;
+    let logger = shim.program_dir().join("logger.sh");
     std::fs::write(
         &logger,
         "#!/bin/sh\nexec 5>&-\necho \"$@\" > \"$2/args\"\n/usr/bin/env > \"$2/env\"\n\
@@ -86,7 +87,7 @@ async fn a_binary_logger_gets_both_streams_and_the_ids_and_ends_with_the_process
     assert!(probe::pids_with_cmdline(&logger.display().to_string()).is_empty(), "no logger left");
 
     // A program that never gets ready is an error naming it, and leaves nothing behind.
-    let stuck = shim.dir.join("stuck.sh");
+    let stuck = shim.program_dir().join("stuck.sh");
     let marker = format!("{}", 200_000 + std::process::id());
     std::fs::write(&stuck, format!("#!/bin/sh\nexec /bin/sleep {marker}\n"))?;
     std::fs::set_permissions(&stuck, std::fs::Permissions::from_mode(0o755))?;

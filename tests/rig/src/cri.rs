@@ -121,6 +121,7 @@ impl Cri {
 
     /// Waits until the container has exited; returns its exit code.
     pub async fn wait_exited(&mut self, id: &str, timeout: Duration) -> Result<i32> {
+        let timeout = crate::scaled(timeout);
         let deadline = Instant::now() + timeout;
         loop {
             let s = self.container_status(id).await?.status.context("no status")?;
@@ -287,6 +288,7 @@ pub fn container_ns(config: &mut ContainerConfig) -> &mut NamespaceOption {
 
 /// Waits until `path` contains `needle`; returns the file's text.
 pub async fn wait_for_text(path: &Path, needle: &str, timeout: Duration) -> Result<String> {
+    let timeout = crate::scaled(timeout);
     let deadline = Instant::now() + timeout;
     loop {
         let text = std::fs::read_to_string(path).unwrap_or_default();

@@ -37,6 +37,7 @@ impl Drop for DirectShim {
         }
         let _ = std::fs::remove_file(&self.socket);
         let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(self.program_dir());
         if DIRECT_CGROUPS_USED.load(std::sync::atomic::Ordering::SeqCst) {
             if let Ok(mounts) = std::fs::read_dir("/sys/fs/cgroup") {
                 for m in mounts.flatten() {
@@ -57,13 +58,21 @@ pub struct DirectShim {
     pub task: TaskClient,
 }
 
+impl DirectShim {
+    /// A directory for programs a test writes and runs (logging programs), removed with the
+    /// shim: on disk, since systemd mounts /run (where [`DirectShim::dir`] is) noexec.
+    pub fn program_dir(&self) -> PathBuf {
+        PathBuf::from("/var/lib/corral-rig/direct").join(&self.id)
+    }
+}
+
 pub fn shim_binary() -> PathBuf {
     crate::shim_dir().join("containerd-shim-corral-v2")
 }
 
-/// A 5 s ttrpc context.
+/// A 5 s ttrpc context ([`crate::scaled`]).
 pub fn ctx() -> ttrpc::context::Context {
-    ttrpc::context::with_timeout(5_000_000_000)
+    ttrpc::context::with_timeout(crate::scaled(std::time::Duration::from_secs(5)).as_nanos() as i64)
 }
 
 impl DirectShim {
@@ -197,7 +206,7 @@ pub fn container_bundle(
         {"type": "mount"},
         {"type": "network", "path": format!("/proc/{sandbox_pid}/ns/net")},
     ]);
-    spec["linux"]["cgroupsPath"] = serde_json::json!(format!("/corral-direct/{cid}"));
+    spec["linux"]["cgroupsPath"] = serde_json::json!(cgroups_path(cid));
     DIRECT_CGROUPS_USED.store(true, std::sync::atomic::Ordering::SeqCst);
     std::fs::write(&path, serde_json::to_vec_pretty(&spec)?)?;
     let mut mount = Mount::new();
@@ -205,6 +214,25 @@ pub fn container_bundle(
     mount.source = image.display().to_string();
     mount.options = vec!["rbind".into(), "ro".into()];
     Ok((bundle, vec![mount]))
+}
+
+/// The `linux.cgroupsPath` of direct container `cid`: a plain path on a cgroupfs node, a
+/// scope in system.slice (`slice:prefix:name`, as CRI writes them) on a systemd node.
+pub fn cgroups_path(cid: &str) -> String {
+    if crate::cgroup::is_systemd() {
+        format!("system.slice:corral-direct:{cid}")
+    } else {
+        format!("/corral-direct/{cid}")
+    }
+}
+
+/// The cgroup direct container `cid` lives in (see [`cgroups_path`]).
+pub fn container_cgroup(cid: &str) -> String {
+    if crate::cgroup::is_systemd() {
+        format!("/system.slice/corral-direct-{cid}.scope")
+    } else {
+        format!("/corral-direct/{cid}")
+    }
 }
 
 /// A network namespace made for a test with `ip netns add`, deleted on drop.

@@ -6,8 +6,10 @@
 //! - [`Rig`]: start / stop containerd, import the locally built busybox image.
 //! - [`cri`]: a CRI client over the unix socket, and kubelet-like config builders.
 //! - [`probe`]: facts read from /proc and the mount table, never from corral's own answers.
+//! - [`cgroup`]: the node's cgroup driver (cgroupfs on v1, systemd on v2) and cgroup facts.
 //! - [`stream`]: CRI's streaming (Exec, Attach) as kubectl speaks it.
 
+pub mod cgroup;
 pub mod cri;
 pub mod direct;
 pub mod probe;
@@ -129,6 +131,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
+{runc_options}
 
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral]
   runtime_type = "io.containerd.corral.v2"
@@ -140,6 +143,13 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 {extra}
 "#,
             shim_env = shim_env,
+            // What a systemd node's containerd has: runc's systemd cgroup manager, which CRI's
+            // slice:prefix:name cgroup paths need. corral takes the driver from the path's shape.
+            runc_options = if cgroup::is_systemd() {
+                "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\n  SystemdCgroup = true"
+            } else {
+                ""
+            },
             extra = self.options.extra_config,
             root = self.root.display(),
             state = self.state.display(),
@@ -177,7 +187,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
     }
 
     async fn wait_ready(&mut self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + scaled(Duration::from_secs(30));
         loop {
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 bail!("containerd exited early ({status}); log: {}", self.log_tail(30));
@@ -190,7 +200,11 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
                 }
             }
             if Instant::now() > deadline {
-                bail!("containerd not ready after 30 s; log: {}", self.log_tail(30));
+                bail!(
+                    "containerd not ready after {:?}; log: {}",
+                    scaled(Duration::from_secs(30)),
+                    self.log_tail(30)
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -218,9 +232,16 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
         Ok(())
     }
 
-    /// A kubelet-like pod config named `name`, logging under this rig's log directory.
+    /// A kubelet-like pod config named `name`, logging under this rig's log directory. On a
+    /// systemd node it has the pod's slice as its cgroup parent, since kubelet always sends one
+    /// there (and runc's systemd manager needs one); on a cgroupfs node none unless a test sets
+    /// [`Rig::cgroup_parent`].
     pub fn pod_config(&self, name: &str) -> k8s_cri::v1::PodSandboxConfig {
-        cri::pod_config(name, &cri::log_dir(&self.dir, name))
+        let mut cfg = cri::pod_config(name, &cri::log_dir(&self.dir, name));
+        if cgroup::is_systemd() {
+            cfg.linux.as_mut().expect("linux").cgroup_parent = self.cgroup_parent(name);
+        }
+        cfg
     }
 
     /// Runs `ctr` against this instance in namespace k8s.io; returns stdout.
@@ -237,10 +258,94 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// A cgroup parent for this rig's pods, as kubelet would make one per pod; removed with the
-    /// rig.
+    /// A cgroup parent for pod `pod`, made as kubelet makes one before the pod's sandbox:
+    /// cgroupfs `/corral-e2e/<rig>/<pod>` (created by corral, as a path kubelet would have
+    /// made), systemd the slice `kubepods-besteffort-pod<uid>.slice`, started here, with a uid
+    /// made of the rig's and the pod's names. Removed by [`Rig::remove_cgroup_parent`] or with
+    /// the rig.
     pub fn cgroup_parent(&self, pod: &str) -> String {
-        format!("/corral-e2e/{}/{pod}", self.name)
+        match cgroup::driver() {
+            cgroup::Driver::Cgroupfs => format!("/corral-e2e/{}/{pod}", self.name),
+            cgroup::Driver::Systemd => {
+                let slice = format!("{}{}.slice", self.slice_prefix(), pod.replace(['-', '.'], "_"));
+                cgroup::start_slice(&slice).unwrap_or_else(|e| panic!("pod cgroup parent: {e:#}"));
+                slice
+            }
+        }
+    }
+
+    /// `kubepods-besteffort-pod<rig name>_`: every pod slice of this rig starts with it (systemd
+    /// reads '-' as a level, so the rig's '-' becomes '_', as kubelet does with a pod uid's).
+    fn slice_prefix(&self) -> String {
+        format!("kubepods-besteffort-pod{}_", self.name.replace('-', "_"))
+    }
+
+    /// Removes pod `pod`'s cgroup parent once the pod is gone, as kubelet does; an error if
+    /// anything is still in it (a leaked pod or container cgroup), after a few seconds for
+    /// teardowns to settle.
+    pub async fn remove_cgroup_parent(&self, pod: &str) -> Result<()> {
+        let parent = self.cgroup_parent_dir(pod);
+        eventually(Duration::from_secs(10), || {
+            let left = cgroup::children(&parent);
+            (!left.is_empty()).then(|| format!("cgroup parent {} not empty: {left:?}", parent.display()))
+        })
+        .await?;
+        match cgroup::driver() {
+            cgroup::Driver::Cgroupfs => {
+                for m in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
+                    let dir = m.path().join(format!("corral-e2e/{}/{pod}", self.name));
+                    match std::fs::remove_dir(&dir) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            bail!("remove {}: {e}", dir.display())
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            cgroup::Driver::Systemd => {
+                let slice = self.cgroup_parent(pod);
+                cgroup::stop_units(std::slice::from_ref(&slice));
+                if !cgroup::units(&slice).is_empty() {
+                    bail!("slice {slice} still loaded after stop");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn cgroup_parent_dir(&self, pod: &str) -> PathBuf {
+        let rel = match cgroup::driver() {
+            cgroup::Driver::Cgroupfs => format!("/corral-e2e/{}/{pod}", self.name),
+            cgroup::Driver::Systemd => {
+                cgroup::slice_path(&format!("{}{}.slice", self.slice_prefix(), pod.replace(['-', '.'], "_")))
+            }
+        };
+        cgroup::dir("memory", &rel)
+    }
+
+    /// The cgroups of this rig's pod parents (the memory hierarchy's, on v1): what kubelet made.
+    pub fn pod_parent_cgroups(&self) -> Vec<PathBuf> {
+        match cgroup::driver() {
+            cgroup::Driver::Cgroupfs => {
+                cgroup::children(&cgroup::dir("memory", &format!("/corral-e2e/{}", self.name)))
+            }
+            cgroup::Driver::Systemd => {
+                let prefix = self.slice_prefix();
+                cgroup::children(&cgroup::dir("memory", "/kubepods.slice/kubepods-besteffort.slice"))
+                    .into_iter()
+                    .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&prefix)))
+                    .collect()
+            }
+        }
+    }
+
+    /// Loaded systemd units of pods: this rig's pod slices and every container scope
+    /// (`cri-containerd-*.scope`) on the node, whatever their state (a failed or abandoned
+    /// scope is a leak too). None on a cgroupfs node.
+    pub fn units(&self) -> Vec<String> {
+        let mut units = cgroup::units(&format!("{}*", self.slice_prefix()));
+        units.extend(cgroup::units("cri-containerd-*.scope"));
+        units
     }
 
     pub async fn cri(&self) -> Result<Cri> {
@@ -270,7 +375,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
     fn stop_daemon(&mut self, signal: nix::sys::signal::Signal) {
         if let Some(mut child) = self.child.take() {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let deadline = Instant::now() + scaled(Duration::from_secs(10));
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
                     return;
@@ -318,12 +423,21 @@ impl Drop for Rig {
         {
             let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
         }
+        // Pod slices (and whatever is left in them) of a systemd node; kubelet's parent slices
+        // (kubepods.slice, kubepods-besteffort.slice) stay, as on a node.
+        if cgroup::is_systemd() {
+            cgroup::stop_units(&cgroup::units(&format!("{}*", self.slice_prefix())));
+        }
         // Pod cgroups tests created under /corral-e2e/<rig name> (see [`Rig::cgroup_parent`]).
         if let Ok(mounts) = std::fs::read_dir("/sys/fs/cgroup") {
             for m in mounts.flatten() {
                 remove_cgroup_tree(&m.path().join("corral-e2e").join(&self.name));
                 let _ = std::fs::remove_dir(m.path().join("corral-e2e"));
             }
+        }
+        // A log directory outside the rig (scripts/test-vm.sh: the guest's disk is thrown away).
+        if let Some(dir) = std::env::var_os("CORRAL_RIG_LOG_COPY") {
+            let _ = std::fs::copy(&self.log, Path::new(&dir).join(format!("{}.log", self.name)));
         }
         if std::env::var_os("CORRAL_RIG_KEEP").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -344,9 +458,25 @@ fn remove_cgroup_tree(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
-/// Polls `check` until it returns `None` or `timeout` passes; returns the last complaint.
-/// For facts that settle shortly after an RPC returns (a process finishing its exit).
+/// `d` stretched by `CORRAL_RIG_TIME_SCALE` (a whole number, default 1): the waits of the rig
+/// and the tests are sized for this machine, and a slower one (software emulation runs the
+/// same work several times slower; scripts/test-vm.sh sets it) needs longer ones. Nothing
+/// asserts a duration; this only keeps a slow node from failing a wait for a fact that comes.
+pub fn scaled(d: Duration) -> Duration {
+    static SCALE: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    d * *SCALE.get_or_init(|| {
+        std::env::var("CORRAL_RIG_TIME_SCALE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|s| *s > 0)
+            .unwrap_or(1)
+    })
+}
+
+/// Polls `check` until it returns `None` or `timeout` ([`scaled`]) passes; returns the last
+/// complaint. For facts that settle shortly after an RPC returns (a process finishing its exit).
 pub async fn eventually<F: FnMut() -> Option<String>>(timeout: Duration, mut check: F) -> Result<()> {
+    let timeout = scaled(timeout);
     let deadline = Instant::now() + timeout;
     loop {
         match check() {

@@ -70,6 +70,7 @@ impl Session {
 
     /// Reads until stdout contains `needle`; returns stdout so far.
     pub async fn read_until(&mut self, needle: &str, timeout: Duration) -> Result<String> {
+        let timeout = crate::scaled(timeout);
         let deadline = Instant::now() + timeout;
         while !String::from_utf8_lossy(&self.stdout).contains(needle) {
             if !self.read_one(deadline).await? {

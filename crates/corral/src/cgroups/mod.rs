@@ -136,6 +136,9 @@ impl PodCgroup {
         for dir in mode.dirs(&rel) {
             std::fs::create_dir_all(&dir).with_path("create cgroup", &dir)?;
         }
+        if let Mode::V2(root) = mode {
+            enable_controllers(root, &rel);
+        }
         if let Some(cpuset) = mode.dir_of("cpuset", &rel).filter(|_| !mode.is_v2()) {
             inherit_cpuset(&cpuset)?;
         }
@@ -189,30 +192,65 @@ impl PodCgroup {
     }
 
     /// Removes the cgroup (its processes must be gone). Missing directories are fine.
-    pub fn remove(&self) -> Result<()> {
-        remove_dirs(&self.mode, &self.rel)
+    pub async fn remove(&self) -> Result<()> {
+        remove_dirs(&self.mode, &self.rel).await
+    }
+
+    /// Removes the cgroup once, without waiting: for a failed creation, whose holder has been
+    /// reaped already.
+    pub fn remove_now(&self) -> Result<()> {
+        self.mode.dirs(&self.rel).iter().try_for_each(|dir| remove_dir(dir).with_path("remove cgroup", dir))
     }
 }
 
 /// Removes cgroup `rel` in every hierarchy, retrying briefly while the kernel finishes
-/// tearing down exited processes.
-pub fn remove_dirs(mode: &Mode, rel: &str) -> Result<()> {
+/// tearing down exited processes. Waits on the runtime's timer: the shim's runtime has one
+/// thread, which a blocking sleep would take from every other RPC.
+pub async fn remove_dirs(mode: &Mode, rel: &str) -> Result<()> {
     for dir in mode.dirs(rel) {
-        let mut last = Ok(());
+        let mut last = remove_dir(&dir);
         for _ in 0..50 {
-            last = match std::fs::remove_dir(&dir) {
-                Ok(()) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(e),
-            };
             if last.is_ok() {
                 break;
             }
-            std::thread::sleep(std::time::Duration::from_millis(10));
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            last = remove_dir(&dir);
         }
         last.with_path("remove cgroup", &dir)?;
     }
     Ok(())
+}
+
+/// rmdir, with a missing directory counting as removed.
+fn remove_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// cgroup v2 gives a new cgroup only the controllers its parent enables in
+/// `cgroup.subtree_control`, and nothing enables them below a cgroup kubelet (or systemd, for
+/// a slice no unit in it has asked for them yet) made: enable every available controller on
+/// each ancestor of `rel`, from the root down, as runc does for the containers' cgroups. Each
+/// controller is asked for separately and refusals are left to show where a limit is written
+/// (a cgroup holding processes cannot enable any: the "no internal processes" rule).
+fn enable_controllers(root: &Path, rel: &str) {
+    let mut dir = root.to_path_buf();
+    let parts: Vec<&str> = rel.split('/').filter(|p| !p.is_empty()).collect();
+    for part in parts.iter().take(parts.len().saturating_sub(1)).copied().chain(std::iter::once("")) {
+        let available = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+        let enabled = std::fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
+        for c in available.split_whitespace().filter(|c| !enabled.split_whitespace().any(|e| e == *c)) {
+            if let Err(e) = std::fs::write(dir.join("cgroup.subtree_control"), format!("+{c}")) {
+                tracing::debug!(cgroup = %dir.display(), controller = c, error = %e, "enable controller");
+            }
+        }
+        if part.is_empty() {
+            break;
+        }
+        dir.push(part);
+    }
 }
 
 /// A new v1 cpuset cgroup has empty cpus/mems and refuses tasks: copy them down from the

@@ -289,8 +289,10 @@ impl Pod {
         if let Err(e) = files::remove_all(&self.paths) {
             first_err.get_or_insert(e);
         }
-        if let Some(Err(e)) = self.cgroup.as_ref().map(PodCgroup::remove) {
-            first_err.get_or_insert(e);
+        if let Some(cg) = &self.cgroup {
+            if let Err(e) = cg.remove().await {
+                first_err.get_or_insert(e);
+            }
         }
         let _ = std::fs::remove_file(self.paths.state_file());
         first_err.map_or(Ok(()), Err)
@@ -336,7 +338,7 @@ impl Drop for Undo<'_> {
             let _ = files::remove_files(self.paths);
         }
         if let Some(cg) = self.cgroup.take() {
-            let _ = cg.remove();
+            let _ = cg.remove_now();
         }
     }
 }

@@ -94,7 +94,7 @@ async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
     }
     let _ = files::remove_all(paths);
     if let (Some(rel), Ok(mode)) = (&record.cgroup, crate::cgroups::Mode::detect()) {
-        let _ = crate::cgroups::remove_dirs(&mode, rel);
+        let _ = crate::cgroups::remove_dirs(&mode, rel).await;
     }
     if let Some(socket) = &record.socket {
         let _ = std::fs::remove_file(socket);
