@@ -25,7 +25,7 @@ run=${CORRAL_VM_RUN:-$vm/run}
 # cgroups, v2 Metrics, OOM from memory.events, Update, Pause/Resume through cgroup.freeze,
 # scopes and slices removed), doctor on the node, and the pod's life and its failures (shim
 # crash, holder death, containerd restarts). The rest takes too long under emulation for CI.
-VM_CI_TESTS=binary_flags,cgroups,oom,direct_ttrpc,pod_lifecycle,shim_crash,sandbox_death,containerd_restart
+VM_CI_TESTS=binary_flags,cgroups,oom,direct_ttrpc,pod_lifecycle,shim_crash,sandbox_death,containerd_restart,security
 tests=$VM_CI_TESTS
 while (($#)); do
   case $1 in
@@ -78,7 +78,12 @@ for line in sys.stdin:
     if (m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]
             and "/tests/e2e/tests/" in m["target"]["src_path"]):
         found[m["target"]["name"]] = m["executable"]
-for n in names or sorted(found):
+# Not in the full run: needs what the guest kernel (Debian 12, 6.1) lacks. Named ones still run.
+skip = {"user_namespace": "hostUsers:false pods need kernel 6.3+ (idmapped tmpfs); the guest has 6.1"}
+if names is None:
+    for n, why in skip.items():
+        print(f"test-vm: not run: {n}: {why}", file=sys.stderr)
+for n in names or sorted(set(found) - set(skip)):
     if n not in found:
         sys.exit(f"test-vm: no e2e test file {n!r}")
     print(n, found[n])
