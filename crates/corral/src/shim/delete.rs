@@ -72,8 +72,20 @@ fn is_ours(argv: &[Vec<u8>], role: &str, id: &str) -> bool {
 
 async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
     tracing::info!(sandbox = id, "delete: releasing pod from its record");
+    // The quick, node-level part first: containerd runs `delete` under a deadline and kills it
+    // when that passes, and `runc delete --force` can be slow on a loaded node. Whatever the
+    // deadline cuts off is still in the record for the next `delete`.
     if let Err(e) = record.server().signal_if(Signal::SIGKILL, |argv| is_ours(argv, "serve", id)) {
         tracing::warn!(sandbox = id, error = %e, "delete: kill the server");
+    }
+    if let Err(e) = record.holder().signal_if(Signal::SIGKILL, |argv| is_ours(argv, "holder", id)) {
+        tracing::warn!(sandbox = id, error = %e, "delete: kill the holder");
+    }
+    if let Err(e) = files::remove_all(paths) {
+        tracing::warn!(sandbox = id, error = %e, "delete: pins, shm and pod files");
+    }
+    if let Some(socket) = &record.socket {
+        let _ = std::fs::remove_file(socket);
     }
     let runc = Runc {
         binary: record.runc_binary.clone(),
@@ -89,15 +101,8 @@ async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
         releases.spawn(async move { release_container(&runc, &cid, &bundle).await });
     }
     while releases.join_next().await.is_some() {}
-    if let Err(e) = record.holder().signal_if(Signal::SIGKILL, |argv| is_ours(argv, "holder", id)) {
-        tracing::warn!(sandbox = id, error = %e, "delete: kill the holder");
-    }
-    let _ = files::remove_all(paths);
     if let (Some(rel), Ok(mode)) = (&record.cgroup, crate::cgroups::Mode::detect()) {
         let _ = crate::cgroups::remove_dirs(&mode, rel).await;
-    }
-    if let Some(socket) = &record.socket {
-        let _ = std::fs::remove_file(socket);
     }
     let _ = std::fs::remove_file(paths.state_file());
 }
