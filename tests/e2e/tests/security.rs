@@ -3,7 +3,6 @@
 //! server holds the server's sockets, a dead server's socket refuses connections, the pod's files
 //! are on disk and go with the pod, and `delete` signals only the processes it recorded.
 
-use std::ops::Not;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -141,12 +140,22 @@ async fn a_dead_servers_socket_refuses_connections_at_once() -> Result<()> {
     shim.run_container(&format!("{id}-c"), holder, &["sleep", "1000"]).await?;
     let server = probe::shim_of(&id).context("server")?;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(server as i32), nix::sys::signal::Signal::SIGKILL)?;
-    // Gone or a zombie: an exiting process loses its cmdline (its memory) before its fds, so only
-    // the zombie state says its sockets are closed.
+    // Wait until no thread of the server is left but zombies: an exiting process loses its
+    // cmdline (its memory) before its fds, and a zombie leader's other threads still share its
+    // fd table (the listener) until each of them has exited too.
     eventually(corral_rig::scaled(Duration::from_secs(5)), || {
-        let stat = std::fs::read_to_string(format!("/proc/{server}/stat")).unwrap_or_default();
-        let state = stat.rsplit(')').next().and_then(|s| s.trim_start().chars().next());
-        matches!(state, None | Some('Z')).not().then(|| format!("server {server} still exiting: {state:?}"))
+        let living: Vec<(String, Option<char>)> = std::fs::read_dir(format!("/proc/{server}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|t| {
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                let state = stat.rsplit(')').next().and_then(|s| s.trim_start().chars().next());
+                (t.file_name().to_string_lossy().into_owned(), state)
+            })
+            .filter(|(_, state)| !matches!(state, None | Some('Z') | Some('X')))
+            .collect();
+        (!living.is_empty()).then(|| format!("server {server} threads still exiting: {living:?}"))
     })
     .await?;
 
