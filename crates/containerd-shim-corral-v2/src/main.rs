@@ -31,7 +31,7 @@ fn main() -> ExitCode {
         Action::Doctor => doctor(&args),
         Action::Start => start::run(&args),
         Action::Delete => delete::run(&args),
-        Action::Serve => server::run(&args),
+        Action::Serve | Action::ServeNode => server::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

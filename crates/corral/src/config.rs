@@ -14,7 +14,7 @@
 //! ```
 //!
 //! Later wins: defaults, the file, the handler's options, then the environment (containerd's
-//! shim-manager `env`: `CORRAL_RUNC`, `CORRAL_SHM_SIZE`, `CORRAL_LOG`). `start` keeps the options
+//! shim-manager `env`: `CORRAL_RUNC`, `CORRAL_SHM_SIZE`, `CORRAL_LOG`, `CORRAL_MODE`). `start` keeps the options
 //! in the sandbox bundle (`corral-options.json`) for the server and `delete`.
 //!
 //! ```toml
@@ -29,6 +29,8 @@
 //! level = "info"               # a tracing filter; containerd's -debug raises it to debug
 //! [cgroup]
 //! driver = "auto"              # auto (from the path's shape), cgroupfs or systemd
+//! [shim]
+//! mode = "pod"                 # pod: a server per pod; node: one server for every pod
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -84,6 +86,7 @@ pub struct Config {
     pub pod: Pod,
     pub log: Log,
     pub cgroup: Cgroup,
+    pub shim: Shim,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -121,6 +124,34 @@ pub enum Driver {
 #[serde(deny_unknown_fields, default)]
 pub struct Cgroup {
     pub driver: Driver,
+}
+
+/// How corral's servers map to pods.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// One server per pod: a crash or a bug costs one pod (the default).
+    #[default]
+    Pod,
+    /// One server for every pod of a containerd namespace: a pod costs only its holder.
+    Node,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Mode, String> {
+        match s {
+            "pod" => Ok(Mode::Pod),
+            "node" => Ok(Mode::Node),
+            other => Err(format!("{other:?} is not a mode (pod or node)")),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Shim {
+    pub mode: Mode,
 }
 
 impl Default for Runtime {
@@ -175,6 +206,10 @@ impl Config {
         }
         if let Ok(level) = std::env::var("CORRAL_LOG") {
             config.log.level = level;
+        }
+        if let Ok(mode) = std::env::var("CORRAL_MODE") {
+            config.shim.mode =
+                mode.parse().map_err(|e| Error::invalid(format!("environment CORRAL_MODE: {e}")))?;
         }
         config.validate(&path)?;
         Ok(config)
@@ -347,6 +382,8 @@ mod tests {
         assert_eq!(Config::default().pod.files_root, PathBuf::from("/var/lib/corral/pods"));
         assert_eq!(c.cgroup.driver, Driver::Systemd);
         assert_eq!(c.log.level, "info");
+        assert_eq!(c.shim.mode, Mode::Pod);
+        assert_eq!(Config::parse("[shim]\nmode = \"node\"\n", Path::new("t")).unwrap().shim.mode, Mode::Node);
         assert_eq!(Config::parse("", Path::new("t.toml")).unwrap(), Config::default());
     }
 
@@ -365,6 +402,9 @@ mod tests {
         assert!(err("[pod]\nfiles_root = \"pods\"\n").contains("pod.files_root"));
         assert!(err("[pod]\nfiles_root = \"/\"\n").contains("pod.files_root"));
         assert!(err("[log]\nlevel = \"loud\"\n").contains("log.level"));
+        assert!(err("[shim]\nmode = \"cluster\"\n").contains("cluster"));
+        assert_eq!("node".parse::<Mode>(), Ok(Mode::Node));
+        assert_eq!("Node".parse::<Mode>(), Err("\"Node\" is not a mode (pod or node)".into()));
         assert!(Config::parse("[log]\nlevel = \"corral=debug,info\"\n", Path::new("t")).is_ok());
     }
 

@@ -32,6 +32,9 @@ pub enum Error {
     /// The holder process reported a failure at `step`.
     #[error("pod holder: {step}: {message}")]
     Holder { step: String, message: String },
+    /// A bug in corral (a panic caught at the request's boundary).
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl Error {
@@ -89,6 +92,7 @@ impl From<Error> for ttrpc::Error {
             Error::AlreadyExists(_) => Code::ALREADY_EXISTS,
             Error::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
             Error::Unimplemented(_) => Code::UNIMPLEMENTED,
+            Error::Internal(_) => Code::INTERNAL,
             Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => Code::NOT_FOUND,
             Error::Io { .. } | Error::Runtime { .. } | Error::Holder { .. } => Code::UNKNOWN,
         };

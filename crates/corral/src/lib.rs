@@ -21,6 +21,7 @@
 //! - [`doctor`]: checks a node's setup for corral.
 //! - [`error`]: the crate error and its one mapping to ttrpc codes.
 //! - [`ids`]: the one check of containerd's ids.
+//! - [`node`]: node mode's shared server on disk: socket, lock, registrations.
 //! - [`shim`]: containerd's binary protocol (flags, start, delete, server, logging); knows no pods.
 //! - [`service`]: ttrpc adapters for the Sandbox and Task services.
 //! - [`pod`]: the sandbox itself: spec, state, files, the registry keyed by sandbox id.
@@ -37,6 +38,7 @@ pub mod error;
 pub mod events;
 pub mod holder;
 pub mod ids;
+pub mod node;
 pub mod pod;
 pub mod service;
 pub mod shim;

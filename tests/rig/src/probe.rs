@@ -86,12 +86,35 @@ pub fn holder_of(sandbox: &str) -> Option<u32> {
 }
 
 /// The shim server of `sandbox`: argv `... -id <sandbox> ... serve`.
+/// In node mode, the node's one server (see [`node_server_of`]).
 pub fn shim_of(sandbox: &str) -> Option<u32> {
     pids_with_cmdline(sandbox)
         .into_iter()
         .map(|p| p as u32)
         .find(|p| cmdline(*p).last().is_some_and(|a| a == "serve"))
+        .or_else(|| node_server_of(sandbox))
 }
+
+/// The node-mode server serving `sandbox`: argv `... -socket /run/corral/s/<key> serve-node`,
+/// where `/run/corral/node/<key>/pods/<sandbox>` registers the sandbox.
+pub fn node_server_of(sandbox: &str) -> Option<u32> {
+    let key = std::fs::read_dir(NODE_DIR)
+        .ok()?
+        .flatten()
+        .find(|d| d.path().join("pods").join(sandbox).exists())?
+        .file_name()
+        .to_string_lossy()
+        .into_owned();
+    node_servers().into_iter().find(|p| shim_socket(*p).is_some_and(|s| s.ends_with(&key)))
+}
+
+/// Every node-mode server on the machine.
+pub fn node_servers() -> Vec<u32> {
+    all_pids().into_iter().filter(|p| cmdline(*p).last().is_some_and(|a| a == "serve-node")).collect()
+}
+
+/// corral's node-mode directories (one per node server).
+pub const NODE_DIR: &str = "/run/corral/node";
 
 /// The socket a shim server listens on (its `-socket` argument).
 pub fn shim_socket(shim: u32) -> Option<String> {

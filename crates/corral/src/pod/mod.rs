@@ -27,7 +27,7 @@ use crate::task::oci::PodContext;
 use crate::task::runc::Runc;
 use crate::task::{Container, ExitInfo};
 use files::PodPaths;
-use persist::Record;
+use persist::{Record, ServedBy};
 use spec::{NsMode, PodSpec};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,20 +49,14 @@ pub struct Pod {
     state: watch::Sender<PodState>,
     pub containers: Mutex<HashMap<String, Arc<Container>>>,
     runc: Runc,
-    /// The server's socket, recorded for `delete`.
-    socket: Option<PathBuf>,
+    /// The server, recorded for `delete`.
+    served_by: ServedBy,
 }
 
 impl Pod {
     /// Builds the pod: files, shm, cgroup, holder, pins, record. Blocking (spawns and waits for
     /// the holder); on failure releases everything it made.
-    pub fn create(
-        id: &str,
-        paths: PodPaths,
-        spec: PodSpec,
-        runc: Runc,
-        socket: Option<PathBuf>,
-    ) -> Result<Pod> {
+    pub fn create(id: &str, paths: PodPaths, spec: PodSpec, runc: Runc, served_by: ServedBy) -> Result<Pod> {
         let mut undo = Undo { armed: true, paths: &paths, made: Made::default(), holder: None, cgroup: None };
         let cgroup = match &spec.cgroup_parent_path {
             None => None,
@@ -120,7 +114,7 @@ impl Pod {
             state: watch::channel(PodState::Created).0,
             containers: Mutex::new(HashMap::new()),
             runc,
-            socket,
+            served_by,
         };
         if let Err(e) = pod.save_record() {
             undo.holder = Some(pod.holder);
@@ -223,7 +217,8 @@ impl Pod {
             sandbox_id: self.id.clone(),
             server_pid: server.pid,
             server_start: server.start,
-            socket: self.socket.clone(),
+            socket: self.served_by.socket.clone(),
+            node_dir: self.served_by.node_dir.clone(),
             holder_pid: holder.pid,
             holder_start: holder.start,
             files_dir: Some(self.paths.files.clone()),

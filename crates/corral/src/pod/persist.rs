@@ -15,9 +15,13 @@ pub struct Record {
     /// The server's start time (see sys::process), so `delete` never signals a recycled pid.
     #[serde(default)]
     pub server_start: u64,
-    /// The server's socket, removed by `delete` if the server could not.
+    /// The server's socket, removed by `delete` if the server could not (pod mode only).
     #[serde(default)]
     pub socket: Option<PathBuf>,
+    /// Node mode: the shared server's directory. `delete` then releases the pod alone and never
+    /// signals the server, which serves other pods.
+    #[serde(default)]
+    pub node_dir: Option<PathBuf>,
     pub holder_pid: i32,
     #[serde(default)]
     pub holder_start: u64,
@@ -31,6 +35,15 @@ pub struct Record {
     pub runc_root: PathBuf,
     /// (container id, bundle)
     pub containers: Vec<(String, PathBuf)>,
+}
+
+/// Which server serves a pod, as its record keeps it.
+#[derive(Clone, Debug, Default)]
+pub struct ServedBy {
+    /// A pod's own server's socket.
+    pub socket: Option<PathBuf>,
+    /// The node server's directory (node mode).
+    pub node_dir: Option<PathBuf>,
 }
 
 impl Record {
@@ -66,6 +79,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("corral.json");
         let rec = Record {
+            node_dir: None,
             sandbox_id: "sb".into(),
             server_pid: 1,
             server_start: 11,

@@ -21,22 +21,49 @@ pub struct SandboxService {
     pub shim: Arc<Shim>,
 }
 
+/// Counts a CreateSandbox in flight for as long as it lives.
+struct Creating<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Creating<'a> {
+    fn new(counter: &'a std::sync::atomic::AtomicUsize) -> Self {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Creating(counter)
+    }
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 impl SandboxService {
+    /// A request cannot make corral write pod files or mount anywhere but the sandbox's bundle:
+    /// in pod mode containerd started this server in it; in node mode `start` (run by containerd
+    /// in it) registered it for this id.
+    fn check_bundle(&self, id: &str, bundle: &std::path::Path) -> Result<()> {
+        let resolved = bundle.is_absolute().then(|| bundle.canonicalize().ok()).flatten();
+        let (expected, whose) = match &self.shim.node {
+            None => (
+                std::env::current_dir().ok().and_then(|d| d.canonicalize().ok()),
+                "this shim's bundle (the directory containerd started it in)",
+            ),
+            Some(node) => (node.registered_bundle(id), "the bundle `start` registered for this sandbox id"),
+        };
+        if resolved.is_none() || resolved != expected {
+            return Err(Error::invalid(format!("bundle_path: {:?} is not {whose}", bundle)));
+        }
+        Ok(())
+    }
+
     async fn create(&self, req: CreateSandboxRequest) -> Result<()> {
+        let _creating = Creating::new(&self.shim.creating);
         crate::ids::validate("sandbox_id", &req.sandbox_id)?;
         if self.shim.pods.lock().unwrap().contains_key(&req.sandbox_id) {
             return Err(Error::AlreadyExists(format!("sandbox {}: already exists", req.sandbox_id)));
         }
         let bundle = std::path::PathBuf::from(&req.bundle_path);
-        // containerd starts the shim in the sandbox's bundle; any other directory is refused, so
-        // a request cannot make corral write pod files or mount anywhere else.
-        let here = std::env::current_dir().ok().and_then(|d| d.canonicalize().ok());
-        if !bundle.is_absolute() || bundle.canonicalize().ok() != here || here.is_none() {
-            return Err(Error::invalid(format!(
-                "bundle_path: {:?} is not this shim's bundle (the directory containerd started it in)",
-                req.bundle_path
-            )));
-        }
+        self.check_bundle(&req.sandbox_id, &bundle)?;
         let options = req.options.as_ref();
         let spec = spec::decode(
             options.map(|a| a.type_url.as_str()),
@@ -54,10 +81,10 @@ impl SandboxService {
         let id = req.sandbox_id.clone();
         let paths = PodPaths::new(bundle, &self.shim.config.pod.files_root, &self.shim.namespace, &id);
         let runc = self.shim.runc.clone();
-        let socket = self.shim.socket.clone();
+        let served_by = self.shim.served_by();
         // The holder is our child until its pidfd claims it (see sys::reaper).
         let _busy = crate::sys::reaper::Busy::new();
-        let pod = tokio::task::spawn_blocking(move || Pod::create(&id, paths, spec, runc, socket))
+        let pod = tokio::task::spawn_blocking(move || Pod::create(&id, paths, spec, runc, served_by))
             .await
             .map_err(|e| Error::Holder { step: "create pod".into(), message: e.to_string() })??;
         let pod = Arc::new(pod);
@@ -192,7 +219,9 @@ impl Sandbox for SandboxService {
                 Ok(pod) => self.shim.shutdown_pod(pod).await?,
                 // CreateSandbox failed (containerd cleans up with ShutdownSandbox) or a retry:
                 // nothing to release, and a shim without pods has no reason to live.
-                Err(_) if self.shim.pods.lock().unwrap().is_empty() => self.shim.exit.notify_one(),
+                Err(_) if self.shim.node.is_some() || self.shim.pods.lock().unwrap().is_empty() => {
+                    self.shim.forget(&req.sandbox_id).await
+                }
                 Err(e) => return Err(e),
             }
             tracing::info!(sandbox = %req.sandbox_id, "sandbox shut down");

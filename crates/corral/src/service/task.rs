@@ -231,8 +231,9 @@ impl TaskService {
         let orphan = self.shim.pods.lock().unwrap().get(&req.id).cloned();
         match orphan {
             Some(pod) => self.shim.shutdown_pod(pod).await?,
-            None if self.shim.pods.lock().unwrap().is_empty() => self.shim.exit.notify_one(),
-            None => {}
+            // A server with no pod left has no reason to live (a node server also waits for
+            // registrations of pods to come).
+            None => self.shim.exit_if_idle().await,
         }
         Ok(())
     }

@@ -9,8 +9,10 @@ use crate::error::{Error, Result};
 pub enum Action {
     Start,
     Delete,
-    /// Internal: the long-running server `start` spawns.
+    /// Internal: the long-running server `start` spawns for one pod.
     Serve,
+    /// Internal: node mode's one server for every pod (no `-id`: it belongs to no pod).
+    ServeNode,
     /// Checks a node's setup for corral.
     Doctor,
     Version,
@@ -56,6 +58,7 @@ impl Args {
                     "start" => Action::Start,
                     "delete" => Action::Delete,
                     "serve" => Action::Serve,
+                    "serve-node" => Action::ServeNode,
                     "doctor" => Action::Doctor,
                     other => return Err(Error::invalid(format!("unknown action {other:?} (start, delete)"))),
                 });
@@ -94,6 +97,9 @@ impl Args {
                 return Err(Error::invalid("flag -id: required"));
             }
             crate::ids::validate("flag -id", &args.id)?;
+        }
+        if args.action == Action::ServeNode && (args.namespace.is_empty() || args.socket.is_none()) {
+            return Err(Error::invalid("serve-node: flags -namespace and -socket are required"));
         }
         Ok(args)
     }

@@ -4,7 +4,7 @@
 //! DeleteResponse.
 
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use containerd_shim_protos::api::DeleteResponse;
 use containerd_shim_protos::protobuf::Message;
@@ -13,6 +13,7 @@ use nix::sys::signal::Signal;
 use super::args::Args;
 use crate::error::{IoContext, Result};
 use crate::events::timestamp;
+use crate::node::NodeServer;
 use crate::pod::files::{self, state_file, PodPaths};
 use crate::pod::persist::Record;
 use crate::sys::mount::is_mount_point;
@@ -28,6 +29,15 @@ pub fn run(args: &Args) -> Result<()> {
         .enable_all()
         .build()
         .context(|| "build async runtime".into())?;
+    // Node mode: the server serves other pods and must live on. If it is alive it still knows
+    // this pod (containerd only runs `delete` when its connection closed, which a live server
+    // does not cause): ask it to release the pod, before taking the bundle lock its release
+    // takes too. Whatever it cannot release is in the record, below.
+    if let Some(node) = NodeServer::from_marker(&bundle) {
+        runtime.block_on(ask_node_server(&node, &args.id));
+        node.deregister(&args.id);
+        node.clean_up_if_dead();
+    }
     // Serialises concurrent deletes and the server's own release (see sys::lock).
     let _lock = crate::sys::lock::BundleLock::acquire(&bundle).with_path("lock", &bundle)?;
     // containerd does not give `delete` the shim-manager environment: the file and the defaults
@@ -70,13 +80,36 @@ fn is_ours(argv: &[Vec<u8>], role: &str, id: &str) -> bool {
     argv.iter().any(|a| a == role.as_bytes()) && argv.iter().any(|a| a == id.as_bytes())
 }
 
+/// ShutdownSandbox to a live node server, bounded: `delete` itself runs under containerd's
+/// 5 s deadline. A dead server refuses the connection at once.
+async fn ask_node_server(node: &NodeServer, id: &str) {
+    use containerd_shim_protos::sandbox_api::ShutdownSandboxRequest;
+    use containerd_shim_protos::sandbox_async::SandboxClient;
+    let address = format!("unix://{}", node.socket.display());
+    let asked = async {
+        let client = ttrpc::asynchronous::Client::connect(&address).await.map_err(|e| e.to_string())?;
+        let req = ShutdownSandboxRequest { sandbox_id: id.into(), ..Default::default() };
+        let ctx = ttrpc::context::with_timeout(Duration::from_secs(3).as_nanos() as i64);
+        SandboxClient::new(client).shutdown_sandbox(ctx, &req).await.map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(Duration::from_secs(3), asked).await {
+        Ok(Ok(_)) => tracing::debug!(sandbox = id, "delete: the node server released the pod"),
+        Ok(Err(e)) => tracing::debug!(sandbox = id, error = %e, "delete: node server not reachable"),
+        Err(_) => tracing::warn!(sandbox = id, "delete: the node server did not answer in 3 s"),
+    }
+}
+
 async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
     tracing::info!(sandbox = id, "delete: releasing pod from its record");
     // The quick, node-level part first: containerd runs `delete` under a deadline and kills it
     // when that passes, and `runc delete --force` can be slow on a loaded node. Whatever the
-    // deadline cuts off is still in the record for the next `delete`.
-    if let Err(e) = record.server().signal_if(Signal::SIGKILL, |argv| is_ours(argv, "serve", id)) {
-        tracing::warn!(sandbox = id, error = %e, "delete: kill the server");
+    // deadline cuts off is still in the record for the next `delete`. A node server is never
+    // signalled: it serves other pods.
+    let own_server = record.node_dir.is_none();
+    if own_server {
+        if let Err(e) = record.server().signal_if(Signal::SIGKILL, |argv| is_ours(argv, "serve", id)) {
+            tracing::warn!(sandbox = id, error = %e, "delete: kill the server");
+        }
     }
     if let Err(e) = record.holder().signal_if(Signal::SIGKILL, |argv| is_ours(argv, "holder", id)) {
         tracing::warn!(sandbox = id, error = %e, "delete: kill the holder");
@@ -84,7 +117,7 @@ async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
     if let Err(e) = files::remove_all(paths) {
         tracing::warn!(sandbox = id, error = %e, "delete: pins, shm and pod files");
     }
-    if let Some(socket) = &record.socket {
+    if let Some(socket) = record.socket.as_ref().filter(|_| own_server) {
         let _ = std::fs::remove_file(socket);
     }
     let runc = Runc {

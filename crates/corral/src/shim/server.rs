@@ -3,7 +3,9 @@
 //! keeps the per-pod footprint small; blocking work (the holder) goes to the blocking pool.
 //!
 //! Exit rule: only when the last pod was shut down (ShutdownSandbox, or containerd reaping an
-//! orphan), or on SIGTERM/SIGINT from the node.
+//! orphan), or on SIGTERM/SIGINT from the node. In node mode, one server serves every pod (of one
+//! containerd, namespace and configuration) on a multi-thread runtime, and exits when it holds no
+//! pod and no `start` has registered one it has yet to create (decided under the node lock).
 
 use std::io::Write;
 use std::os::fd::FromRawFd;
@@ -15,10 +17,11 @@ use containerd_shim_protos::sandbox_async::create_sandbox;
 use containerd_shim_protos::shim_async::create_task;
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::args::Args;
+use super::args::{Action, Args};
 use super::start::{LISTEN_FD, READY_FD};
 use crate::error::{Error, IoContext, Result};
 use crate::events::Publisher;
+use crate::node::NodeServer;
 use crate::pod::files::state_file;
 use crate::pod::persist::Record;
 use crate::service::sandbox::SandboxService;
@@ -28,26 +31,39 @@ use crate::sys::process::ProcessId;
 use crate::task::runc::Runc;
 
 pub fn run(args: &Args) -> Result<()> {
-    let bundle = match &args.bundle {
+    // Pod mode: the sandbox bundle. Node mode: the node directory (see crate::node).
+    let workdir = match &args.bundle {
         Some(b) => b.clone(),
         None => std::env::current_dir().context(|| "current directory".into())?,
     };
-    let config = crate::config::init(crate::config::RuntimeOptions::saved(&bundle)?.as_ref())?;
-    super::logging::init(args.debug, &args.id, &config.log.level);
+    let node = (args.action == Action::ServeNode)
+        .then(|| NodeServer { socket: args.socket.clone().unwrap_or_default(), dir: workdir.clone() });
+    let config = crate::config::init(crate::config::RuntimeOptions::saved(&workdir)?.as_ref())?;
+    match &node {
+        None => super::logging::init(args.debug, &args.id, &config.log.level, None),
+        Some(node) => super::logging::init(args.debug, "", &config.log.level, Some(&node.log_file())),
+    }
     // Container inits are reparented to corral when `runc create` exits; the subreaper bit makes
     // them corral's children so their exit status can be collected.
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument only.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         return Err(Error::io("become child subreaper", std::io::Error::last_os_error()));
     }
+    // A current-thread runtime keeps the footprint small, in node mode too: every runc call and
+    // wait is asynchronous and the holder's spawn goes to the blocking pool, so one pod's slow
+    // step does not hold up the others' requests.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .max_blocking_threads(4)
         .build()
         .context(|| "build async runtime".into())?;
-    let result = runtime.block_on(serve(args, config));
+    let result = runtime.block_on(serve(args, config, node.clone()));
     if let Some(socket) = &args.socket {
-        let _ = std::fs::remove_file(socket);
+        // A node server removed its socket under the node lock when it decided to exit; by now
+        // a new server may listen on that path.
+        if node.is_none() {
+            let _ = std::fs::remove_file(socket);
+        }
     }
     if let Err(e) = &result {
         tracing::error!(error = %e, "server failed");
@@ -55,25 +71,28 @@ pub fn run(args: &Args) -> Result<()> {
     result
 }
 
-async fn serve(args: &Args, config: &'static crate::config::Config) -> Result<()> {
+async fn serve(args: &Args, config: &'static crate::config::Config, node: Option<NodeServer>) -> Result<()> {
     crate::sys::reaper::spawn().context(|| "watch SIGCHLD for orphans".into())?;
     let events = Publisher::spawn(std::env::var("TTRPC_ADDRESS").ok(), args.namespace.clone());
     let runc = Runc::for_namespace(config, &args.namespace);
     std::fs::create_dir_all(&runc.root).with_path("create runc root", &runc.root)?;
     // A first record, before any pod exists: if CreateSandbox fails, containerd's `delete` still
-    // finds this server and its socket. The pod's record replaces it.
-    let me = ProcessId::current();
-    Record {
-        sandbox_id: args.id.clone(),
-        server_pid: me.pid,
-        server_start: me.start,
-        socket: args.socket.clone(),
-        runc_binary: runc.binary.clone(),
-        runc_root: runc.root.clone(),
-        ..Record::default()
+    // finds this server and its socket. The pod's record replaces it. (A node server belongs to
+    // no bundle.)
+    if node.is_none() {
+        let me = ProcessId::current();
+        Record {
+            sandbox_id: args.id.clone(),
+            server_pid: me.pid,
+            server_start: me.start,
+            socket: args.socket.clone(),
+            runc_binary: runc.binary.clone(),
+            runc_root: runc.root.clone(),
+            ..Record::default()
+        }
+        .save(&state_file(Path::new(".")))?;
     }
-    .save(&state_file(Path::new(".")))?;
-    let shim = Shim::new(config, args.namespace.clone(), runc, args.socket.clone(), events);
+    let shim = Shim::new(config, args.namespace.clone(), runc, args.socket.clone(), node.clone(), events);
 
     let tasks = Arc::new(TaskService { shim: shim.clone() });
     let mut services = create_task(tasks.clone());
@@ -100,7 +119,14 @@ async fn serve(args: &Args, config: &'static crate::config::Config) -> Result<()
     let mut ready = unsafe { std::fs::File::from_raw_fd(READY_FD) };
     let _ = ready.write_all(b"R");
     drop(ready);
-    tracing::info!(sandbox = %args.id, pid = std::process::id(), "serving");
+    match &node {
+        None => tracing::info!(sandbox = %args.id, pid = std::process::id(), "serving"),
+        Some(node) => {
+            tracing::info!(node = %node.key(), pid = std::process::id(), socket = %node.socket.display(), "serving the node's pods");
+            // A registered sandbox whose CreateSandbox never comes must not keep it forever.
+            tokio::spawn(shim.clone().exit_when_idle_every(Duration::from_secs(15)));
+        }
+    }
     // Pod files left by pods whose bundles are gone (a reboot empties /run, not the disk).
     let files_root = config.pod.files_root.clone();
     tokio::task::spawn_blocking(move || match crate::pod::files::sweep_orphans(&files_root) {

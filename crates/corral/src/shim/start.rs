@@ -1,6 +1,9 @@
 //! `start`: bind the socket (mode 0600), spawn the detached server with the listening socket as
 //! fd 3, wait until it says it serves, print the bootstrap JSON, exit. containerd reads stdout and
 //! stderr together until EOF, so the server gets neither.
+//!
+//! In node mode (`shim.mode = "node"`) every sandbox gets the address of the node's one server:
+//! `start` registers the sandbox with it (see [`crate::node`]) and spawns it only if none runs.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -14,8 +17,9 @@ use sha2::{Digest, Sha256};
 
 use super::args::Args;
 use super::bootstrap;
-use crate::config::RuntimeOptions;
+use crate::config::{Mode, RuntimeOptions};
 use crate::error::{Error, IoContext, Result};
+use crate::node::{NodeServer, NODE_DIR};
 
 /// Default directory for shim sockets (short, so paths stay under the unix socket limit).
 pub const SOCKET_DIR: &str = "/run/corral/s";
@@ -41,34 +45,69 @@ pub fn run(args: &Args) -> Result<()> {
         None => None,
     };
     // A bad configuration fails here, where containerd shows the message in RunPodSandbox's error.
-    crate::config::init(options.as_ref())?;
+    let config = crate::config::init(options.as_ref())?;
+    let bundle = match &args.bundle {
+        Some(b) => b.clone(),
+        None => std::env::current_dir().context(|| "current directory".into())?,
+    };
     if let Some(options) = &options {
-        let bundle = match &args.bundle {
-            Some(b) => b.clone(),
-            None => std::env::current_dir().context(|| "current directory".into())?,
-        };
         options.save(&bundle)?;
     }
     let dir = PathBuf::from(input.socket_dir.unwrap_or_else(|| SOCKET_DIR.to_string()));
-    let socket = socket_path(&dir, &args.address, &args.namespace, &args.id);
-
-    // A server for this id may already run (containerd retried `start`): reuse it.
-    if socket.exists() {
-        if UnixStream::connect(&socket).is_ok() {
-            return print_reply(&socket);
+    match config.shim.mode {
+        Mode::Pod => {
+            let socket = socket_path(&dir, &args.address, &args.namespace, &args.id);
+            ensure_server(args, &socket, None, &bundle)?;
+            print_reply(&socket)
         }
-        std::fs::remove_file(&socket).with_path("remove stale socket", &socket)?;
+        Mode::Node => {
+            let node = NodeServer::locate(&dir, Path::new(NODE_DIR), &args.address, &args.namespace, config);
+            start_node(args, &node, options.as_ref(), &bundle)?;
+            print_reply(&node.socket)
+        }
     }
-    std::fs::create_dir_all(&dir).with_path("create socket directory", &dir)?;
-    let listener = bind_private(&socket)?;
+}
+
+/// Node mode: registers the sandbox with the node's server, starting the server if none runs.
+/// Under the node's lock, so concurrent `start`s end with one server and the server cannot
+/// decide to exit between the check and the registration.
+fn start_node(args: &Args, node: &NodeServer, options: Option<&RuntimeOptions>, bundle: &Path) -> Result<()> {
+    let _lock = node.lock()?;
+    node.register(&args.id, bundle)?;
+    let started = node.save_marker(bundle).and_then(|()| {
+        if let Some(options) = options {
+            options.save(&node.dir)?;
+        }
+        ensure_server(args, &node.socket, Some(node), bundle)
+    });
+    if started.is_err() {
+        node.deregister(&args.id);
+        let _ = std::fs::remove_file(bundle.join(crate::node::MARKER_FILE));
+    }
+    started
+}
+
+/// Makes sure a server listens on `socket`: reuses a live one (containerd retried `start`, or
+/// node mode's shared server), else binds the socket and spawns one, waiting until it serves.
+fn ensure_server(args: &Args, socket: &Path, node: Option<&NodeServer>, bundle: &Path) -> Result<()> {
+    if socket.exists() {
+        if UnixStream::connect(socket).is_ok() {
+            return Ok(());
+        }
+        std::fs::remove_file(socket).with_path("remove stale socket", socket)?;
+    }
+    let dir = socket.parent().unwrap_or(Path::new("/"));
+    std::fs::create_dir_all(dir).with_path("create socket directory", dir)?;
+    let listener = bind_private(socket)?;
 
     let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| Error::sys("create readiness pipe", e))?;
-    let spawned = spawn_server(args, &socket, listener.into(), ready_w);
+    let workdir = node.map_or(bundle, |n| n.dir.as_path());
+    let spawned = spawn_server(args, socket, node.is_some(), workdir, listener.into(), ready_w);
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
-            let _ = std::fs::remove_file(&socket);
+            let _ = std::fs::remove_file(socket);
             return Err(e);
         }
     };
@@ -76,11 +115,11 @@ pub fn run(args: &Args) -> Result<()> {
     let mut ready = std::fs::File::from(ready_r);
     let mut byte = [0u8; 1];
     match read_with_timeout(&mut ready, &mut byte, Duration::from_secs(10)) {
-        Ok(1) => print_reply(&socket),
+        Ok(1) => Ok(()),
         other => {
             let _ = child.kill();
             let _ = child.wait();
-            let _ = std::fs::remove_file(&socket);
+            let _ = std::fs::remove_file(socket);
             Err(Error::Holder {
                 step: "start server".into(),
                 message: format!("the server did not become ready: {other:?}"),
@@ -103,21 +142,28 @@ fn bind_private(socket: &Path) -> Result<UnixListener> {
     bound.with_path("bind", socket)
 }
 
+/// Spawns the server in `workdir` (the pod's bundle, or the node directory): `serve -id <sb>`
+/// for one pod, `serve-node` (no id: no pod's `delete` may take it for its own) for the node.
 fn spawn_server(
     args: &Args,
     socket: &Path,
+    node: bool,
+    workdir: &Path,
     listener: OwnedFd,
     ready_w: OwnedFd,
 ) -> Result<std::process::Child> {
     let mut cmd = Command::new("/proc/self/exe");
-    cmd.arg0(super::BINARY_NAME);
+    cmd.arg0(super::BINARY_NAME).current_dir(workdir);
     cmd.arg("-namespace").arg(&args.namespace).arg("-address").arg(&args.address);
-    cmd.arg("-publish-binary").arg(&args.publish_binary).arg("-id").arg(&args.id);
+    cmd.arg("-publish-binary").arg(&args.publish_binary);
+    if !node {
+        cmd.arg("-id").arg(&args.id);
+    }
     cmd.arg("-socket").arg(socket);
     if args.debug {
         cmd.arg("-debug");
     }
-    cmd.arg("serve");
+    cmd.arg(if node { "serve-node" } else { "serve" });
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     let (lfd, rfd) = (listener.as_raw_fd(), ready_w.as_raw_fd());
     // SAFETY: between fork and exec this only calls async-signal-safe functions (fcntl, dup2,
