@@ -1,6 +1,7 @@
 #!/bin/sh
-# Installs or removes corral on a node: the shim binary and the `corral` handler in containerd's
-# config, then restarts containerd. Idempotent; keeps the rest of the config file (comments
+# Installs or removes corral on a node: the shim binary (and the containerd-shim-corral-node-v2
+# link that runs it in node mode), the `corral` and `corral-node` handlers in containerd's config,
+# then restarts containerd. Idempotent; keeps the rest of the config file (comments
 # included) byte for byte, because corral's block is appended between marker lines.
 #   usage: install-on-node.sh install|uninstall
 # Environment: HOST_ROOT (default /host), CONTAINERD_CONFIG (default $HOST_ROOT/etc/containerd/config.toml),
@@ -25,8 +26,11 @@ handler_block() {
   else
     plugin='"io.containerd.grpc.v1.cri"'
   fi
-  printf '%s\n[plugins.%s.containerd.runtimes.corral]\n  runtime_type = "io.containerd.corral.v2"\n  sandboxer = "shim"\n%s\n' \
-    "$BEGIN" "$plugin" "$END"
+  printf '%s\n[plugins.%s.containerd.runtimes.corral]\n  runtime_type = "io.containerd.corral.v2"\n  sandboxer = "shim"\n' \
+    "$BEGIN" "$plugin"
+  # The same shim in node mode: one corral server for every pod of this handler.
+  printf '[plugins.%s.containerd.runtimes.corral-node]\n  runtime_type = "io.containerd.corral-node.v2"\n  sandboxer = "shim"\n%s\n' \
+    "$plugin" "$END"
 }
 
 remove_block() {
@@ -53,6 +57,7 @@ case "$action" in
     cp "$SHIM" "$BIN_DIR/.containerd-shim-corral-v2.new"
     chmod 0755 "$BIN_DIR/.containerd-shim-corral-v2.new"
     mv -f "$BIN_DIR/.containerd-shim-corral-v2.new" "$BIN_DIR/containerd-shim-corral-v2"
+    ln -sfn containerd-shim-corral-v2 "$BIN_DIR/containerd-shim-corral-node-v2"
     touch "$CONTAINERD_CONFIG"
     if grep -Fqx "$BEGIN" "$CONTAINERD_CONFIG"; then
       log "handler already configured in $CONTAINERD_CONFIG"
@@ -66,7 +71,7 @@ case "$action" in
     ;;
   uninstall)
     remove_block
-    rm -f "$BIN_DIR/containerd-shim-corral-v2"
+    rm -f "$BIN_DIR/containerd-shim-corral-v2" "$BIN_DIR/containerd-shim-corral-node-v2"
     sh -c "$RESTART"
     log "removed corral"
     ;;

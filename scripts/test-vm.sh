@@ -24,8 +24,9 @@ run=${CORRAL_VM_RUN:-$vm/run}
 # files whose assertions differ between cgroup v1 + cgroupfs and v2 + systemd (pod and container
 # cgroups, v2 Metrics, OOM from memory.events, Update, Pause/Resume through cgroup.freeze,
 # scopes and slices removed), doctor on the node, and the pod's life and its failures (shim
-# crash, holder death, containerd restarts). The rest takes too long under emulation for CI.
-VM_CI_TESTS=binary_flags,cgroups,oom,direct_ttrpc,pod_lifecycle,shim_crash,sandbox_death,containerd_restart,security
+# crash, holder death, containerd restarts), and node mode's own tests (node_mode; the host runs the
+# whole suite in both modes). The rest takes too long under emulation for CI.
+VM_CI_TESTS=binary_flags,cgroups,oom,direct_ttrpc,pod_lifecycle,shim_crash,sandbox_death,containerd_restart,security,node_mode
 tests=$VM_CI_TESTS
 while (($#)); do
   case $1 in

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # All of corral's tests: unit tests and the end-to-end tests against a private containerd 2.1
-# driven through CRI. Needs root and scripts/install-deps.sh (CI runs it first).
+# driven through CRI, then the end-to-end suite once more in node mode (CORRAL_MODE=node, which
+# containerd passes on to its shims: one corral server for every pod). Needs root and
+# scripts/install-deps.sh (CI runs it first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --workspace --bins
 # e2e tests each start their own containerd; two at a time fits a 2-core machine.
 cargo test --workspace -- --test-threads=2
+echo "test.sh: the end-to-end suite in node mode"
+CORRAL_MODE=node cargo test -p corral-e2e -- --test-threads=2

@@ -27,6 +27,39 @@ pub fn containerd_minor(version_output: &str) -> Option<(u32, u32)> {
 }
 
 /// The handler tables of a containerd config whose runtime_type resolves to corral.
+/// Whether a runtime_type runs corral: Some(true) for the node-mode name, Some(false) for the
+/// per-pod one.
+fn is_corral(runtime_type: &str) -> Option<bool> {
+    match runtime_type {
+        "io.containerd.corral.v2" => Some(false),
+        "io.containerd.corral-node.v2" => Some(true),
+        t if t.ends_with(crate::shim::NODE_BINARY_NAME) => Some(true),
+        t if t.ends_with(crate::shim::BINARY_NAME) => Some(false),
+        _ => None,
+    }
+}
+
+/// Node-mode servers running now: their directories under [`crate::node::NODE_DIR`], the pods
+/// registered in each, and whether a server answers on its socket.
+pub fn check_node_servers(node_root: &Path) -> Finding {
+    let mut servers = Vec::new();
+    for dir in std::fs::read_dir(node_root).into_iter().flatten().flatten() {
+        let key: String = dir.file_name().to_string_lossy().chars().take(12).collect();
+        let pods = std::fs::read_dir(dir.path().join("pods")).map(|d| d.count()).unwrap_or(0);
+        let socket = Path::new(crate::shim::start::SOCKET_DIR).join(dir.file_name());
+        let up = std::os::unix::net::UnixStream::connect(&socket).is_ok();
+        servers.push(format!(
+            "{key} ({pods} pod(s), {}, log {}/node-{key}.log)",
+            if up { "serving" } else { "not answering" },
+            crate::node::LOG_DIR
+        ));
+    }
+    match servers.is_empty() {
+        true => ok("node mode: no node server running"),
+        false => ok(format!("node mode servers: {}", servers.join("; "))),
+    }
+}
+
 pub fn check_containerd_config(text: &str, version: Option<(u32, u32)>) -> Vec<Finding> {
     let table: toml::Table = match toml::from_str(text) {
         Ok(t) => t,
@@ -50,9 +83,7 @@ pub fn check_containerd_config(text: &str, version: Option<(u32, u32)>) -> Vec<F
     let corral: Vec<_> = runtimes
         .iter()
         .filter(|(_, v)| {
-            v.get("runtime_type")
-                .and_then(|t| t.as_str())
-                .is_some_and(|t| t == "io.containerd.corral.v2" || t.ends_with("containerd-shim-corral-v2"))
+            v.get("runtime_type").and_then(|t| t.as_str()).is_some_and(|t| is_corral(t).is_some())
         })
         .collect();
     if corral.is_empty() {
@@ -64,8 +95,10 @@ pub fn check_containerd_config(text: &str, version: Option<(u32, u32)>) -> Vec<F
     let mut out = Vec::new();
     for (name, handler) in corral {
         let sandboxer = handler.get("sandboxer").and_then(|s| s.as_str()).unwrap_or("podsandbox");
+        let node = handler.get("runtime_type").and_then(|t| t.as_str()).and_then(is_corral) == Some(true);
         if sandboxer == "shim" {
-            out.push(ok(format!("handler {name:?} uses corral as its sandboxer")));
+            let mode = if node { " in node mode (one server for all its pods)" } else { "" };
+            out.push(ok(format!("handler {name:?} uses corral as its sandboxer{mode}")));
         } else {
             out.push(problem(
                 format!("handler {name:?} has sandboxer = {sandboxer:?}: containerd would start a pause container and use corral as a plain runtime"),
@@ -235,8 +268,8 @@ pub fn run(containerd_config: &Path) -> Vec<Finding> {
     match crate::config::Config::load(None) {
         Ok(c) => {
             findings.push(ok(format!(
-                "corral config: runtime {}, shm {}, cgroup driver {:?}",
-                c.runtime.binary, c.pod.shm_size, c.cgroup.driver
+                "corral config: mode {:?}, runtime {}, shm {}, cgroup driver {:?}",
+                c.shim.mode, c.runtime.binary, c.pod.shm_size, c.cgroup.driver
             )));
             findings.push(check_files_root(&c.pod.files_root, fs_type_of(&c.pod.files_root)));
             let features = output(&c.runtime.binary, &["features"]).is_some();
@@ -259,6 +292,7 @@ pub fn run(containerd_config: &Path) -> Vec<Finding> {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     findings.extend(check_confinement(&read("/proc/self/status"), &read("/proc/sys/kernel/osrelease")));
     findings.push(check_root_mount(&read("/proc/self/mountinfo")));
+    findings.push(check_node_servers(Path::new(crate::node::NODE_DIR)));
     findings
 }
 
@@ -295,6 +329,17 @@ version = 3
     #[test]
     fn a_good_handler_passes() {
         assert!(problems(&check_containerd_config(GOOD, Some((2, 1)))).is_empty());
+        let both = format!(
+            "{GOOD}[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral-node]\n  runtime_type = 'io.containerd.corral-node.v2'\n  sandboxer = 'shim'\n"
+        );
+        let found = check_containerd_config(&both, Some((2, 1)));
+        assert!(problems(&found).is_empty());
+        assert!(
+            matches!(&found[1], Finding::Ok(s) if s.contains("\"corral-node\"") && s.contains("node mode")),
+            "{found:?}"
+        );
+        let none = std::env::temp_dir().join(format!("corral-doctor-node-{}", std::process::id()));
+        assert!(matches!(check_node_servers(&none), Finding::Ok(s) if s.contains("no node server")));
     }
 
     #[test]

@@ -179,6 +179,7 @@ async fn stdin_reaches_the_process_and_close_io_ends_it_and_file_stdio_works() -
     nix::unistd::mkfifo(&stdin, nix::sys::stat::Mode::from_bits_truncate(0o600))?;
     let log = shim.dir.join("logs/cat.log");
     let (bundle, rootfs) = corral_rig::direct::container_bundle(&shim.dir, &cid, holder, &["cat"])?;
+    std::fs::write(bundle.join("sandbox"), &shim.id)?;
     let create = CreateTaskRequest {
         id: cid.clone(),
         bundle: bundle.display().to_string(),

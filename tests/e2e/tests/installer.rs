@@ -53,8 +53,13 @@ fn check(original: &str, plugin: &str, tag: &str) -> Result<()> {
     let handler = &parsed["plugins"][plugin]["containerd"]["runtimes"]["corral"];
     assert_eq!(handler["runtime_type"].as_str(), Some("io.containerd.corral.v2"));
     assert_eq!(handler["sandboxer"].as_str(), Some("shim"));
+    let node = &parsed["plugins"][plugin]["containerd"]["runtimes"]["corral-node"];
+    assert_eq!(node["runtime_type"].as_str(), Some("io.containerd.corral-node.v2"));
+    assert_eq!(node["sandboxer"].as_str(), Some("shim"));
     let bin = host.join("usr/local/bin/containerd-shim-corral-v2");
     assert!(bin.exists(), "binary installed");
+    let link = host.join("usr/local/bin/containerd-shim-corral-node-v2");
+    assert_eq!(std::fs::read_link(&link)?, Path::new("containerd-shim-corral-v2"), "node-mode link");
     if plugin == "io.containerd.cri.v1.runtime" {
         let doctor =
             Command::new(shim_binary()).arg("doctor").arg("-containerd-config").arg(&config).output()?;
@@ -65,6 +70,7 @@ fn check(original: &str, plugin: &str, tag: &str) -> Result<()> {
     run(&host, "uninstall")?;
     assert_eq!(std::fs::read_to_string(&config)?, original, "uninstall restores the file");
     assert!(!bin.exists(), "binary removed");
+    assert!(std::fs::symlink_metadata(&link).is_err(), "link removed");
     assert_eq!(
         std::fs::read_to_string(host.join("restarts"))?.lines().count(),
         3,
@@ -89,7 +95,10 @@ fn the_manifests_are_the_objects_they_claim() -> Result<()> {
         anyhow::ensure!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     };
-    assert_eq!(kinds("deploy/runtimeclass.yaml")?, "node.k8s.io/v1 RuntimeClass corral corral\n");
+    assert_eq!(
+        kinds("deploy/runtimeclass.yaml")?,
+        "node.k8s.io/v1 RuntimeClass corral corral\nnode.k8s.io/v1 RuntimeClass corral-node corral-node\n"
+    );
     assert_eq!(
         kinds("deploy/corral-deploy.yaml")?,
         "v1 ServiceAccount corral-deploy \napps/v1 DaemonSet corral-deploy \n"

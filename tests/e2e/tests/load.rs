@@ -4,48 +4,15 @@
 //! containerd's open fds, bundles, network namespaces, sockets, pod file directories.
 //!
 //! CI runs 24 cycles; `CORRAL_LOAD_CYCLES=200 cargo test -p corral-e2e --test load` runs the
-//! full one.
+//! full one. (load_many.rs holds 50 pods up at once.)
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
 use corral_rig::cri::container_config;
-use corral_rig::{cgroup, eventually, probe, Options, Rig};
-
-fn count(dir: impl AsRef<Path>) -> usize {
-    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
-}
-
-/// Everything a leaked pod could leave, as numbers.
-fn snapshot(rig: &Rig, containerd: u32) -> Vec<(&'static str, usize)> {
-    let marker = rig.socket.display().to_string();
-    let holders = probe::all_pids()
-        .into_iter()
-        .filter(|p| probe::cmdline(*p).first().is_some_and(|a| a == "corral-holder"))
-        .count();
-    // The pods' cgroup parents (kubelet's, here the rig's, removed after each cycle as kubelet
-    // does) and the cgroups below them: the sandbox's and the containers'.
-    let parents = rig.pod_parent_cgroups();
-    let cgroups = parents.len() + parents.iter().map(|p| cgroup::children(p).len()).sum::<usize>();
-    vec![
-        ("mounts under containerd's dirs", probe::mounts_under(&[&rig.state, &rig.root]).len()),
-        ("mounts naming corral", probe::mounts_containing("corral/").len()),
-        ("shim processes", probe::pids_with_cmdline(&marker).len()),
-        ("holders", holders),
-        ("runc containers", probe::corral_runc_containers().len()),
-        ("pod parents, pod and container cgroups", cgroups),
-        // systemd nodes: pod slices and container scopes, in any state.
-        ("systemd units", rig.units().len()),
-        ("containerd fds", count(format!("/proc/{containerd}/fd"))),
-        ("sandbox bundles", count(rig.state.join("io.containerd.sandbox.controller.v1.shim/k8s.io"))),
-        ("task bundles", count(rig.state.join("io.containerd.runtime.v2.task/k8s.io"))),
-        ("network namespaces", count("/run/netns")),
-        ("shim sockets", count("/run/corral/s")),
-        ("pod file directories", count(corral_rig::CORRAL_POD_FILES)),
-    ]
-}
+use corral_rig::leaks::{eventually_stable, snapshot};
+use corral_rig::{eventually, Options, Rig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_cycles_under_load_leave_nothing() -> Result<()> {
@@ -92,18 +59,4 @@ async fn pod_cycles_under_load_leave_nothing() -> Result<()> {
         (!diff.is_empty()).then(|| format!("after {cycles} cycles, not back at baseline: {diff:?}"))
     })
     .await
-}
-
-/// The baseline once the warm-up's teardown has settled.
-async fn eventually_stable(rig: &Rig, containerd: u32) -> Vec<(&'static str, usize)> {
-    let mut last = snapshot(rig, containerd);
-    for _ in 0..40 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = snapshot(rig, containerd);
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
-    last
 }

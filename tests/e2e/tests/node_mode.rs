@@ -289,6 +289,12 @@ async fn the_servers_death_ends_every_pod_and_the_next_pod_starts_a_new_server()
     })
     .await?;
 
+    // CRI marks the containers EXITED after its exit-event backoff (containerd's, as in
+    // shim_crash); only then does it let kubelet remove them.
+    for container in [&ca, &cb] {
+        cri.wait_exited(container, corral_rig::scaled(Duration::from_secs(30))).await?;
+    }
+
     let (c, cc) = pod_with_container(&rig, &mut cri, "third").await?;
     let next = the_server(&rig)?;
     assert_ne!(next, server, "a new server");
@@ -299,4 +305,32 @@ async fn the_servers_death_ends_every_pod_and_the_next_pod_starts_a_new_server()
     let left = probe::mounts_under(&[&rig.state, &rig.root]);
     assert!(left.is_empty(), "mounts left under containerd's dirs: {left:?}");
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_corral_node_handler_serves_its_pods_from_one_server_beside_per_pod_corral() -> Result<()> {
+    // No CORRAL_MODE at all: the handler's binary name (`io.containerd.corral-node.v2` runs the
+    // containerd-shim-corral-node-v2 link) chooses the mode, per handler, on one containerd.
+    let rig = Rig::start(Options { env_remove: vec!["CORRAL_MODE".into()], ..Default::default() }).await?;
+    let mut cri = rig.cri().await?;
+    let mut pods = Vec::new();
+    for (name, handler) in [("own", "corral"), ("shared1", "corral-node"), ("shared2", "corral-node")] {
+        let cfg = rig.pod_config(name);
+        let pod = cri.run_pod(&cfg, handler).await?;
+        let c = cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
+        assert_serves(&mut cri, &pod, &c).await?;
+        pods.push(pod);
+    }
+    let own = probe::shim_of(&pods[0]).context("per-pod server")?;
+    assert_eq!(probe::cmdline(own).last().map(String::as_str), Some("serve"), "corral: a server of its own");
+    let server = the_server(&rig)?;
+    assert_eq!(probe::shim_of(&pods[1]), Some(server));
+    assert_eq!(probe::shim_of(&pods[2]), Some(server), "corral-node: one server for both pods");
+    for pod in &pods {
+        cri.stop_and_remove_pod(pod).await?;
+    }
+    eventually(corral_rig::scaled(Duration::from_secs(5)), || {
+        (alive(own) || alive(server)).then(|| "a server outlived its pods".into())
+    })
+    .await
 }

@@ -77,15 +77,14 @@ async fn after_a_crash_containers_exit_and_the_pod_goes_on_both_handlers() -> Re
                     .push(cri.run_container(&pod, &cfg, &container_config(name, "exec sleep 1000")).await?);
             }
             // corral's server, or the runc shim serving the pause container and the app.
-            let shim = probe::pids_with_cmdline(&pod)
-                .into_iter()
-                .map(|p| p as u32)
-                .find(|p| {
-                    let argv = probe::cmdline(*p);
-                    argv.first().is_some_and(|a| a.contains("containerd-shim"))
-                        && (handler == "runc" || argv.last().is_some_and(|a| a == "serve"))
-                })
-                .context("shim")?;
+            let shim = match handler {
+                "corral" => probe::shim_of(&pod),
+                _ => probe::pids_with_cmdline(&pod)
+                    .into_iter()
+                    .map(|p| p as u32)
+                    .find(|p| probe::cmdline(*p).first().is_some_and(|a| a.contains("containerd-shim"))),
+            }
+            .context("shim")?;
             kill(Pid::from_raw(shim as i32), Signal::SIGKILL)?;
             let killed = std::time::Instant::now();
             while cri.pod_ready(&pod).await.unwrap_or(true) {

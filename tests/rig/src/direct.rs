@@ -82,8 +82,13 @@ impl DirectShim {
         let _ = std::fs::remove_dir_all(&dir);
         let bundle = dir.join("bundle");
         std::fs::create_dir_all(bundle.join("rootfs"))?;
+        // A containerd address of its own (nothing listens there): in node mode the server is
+        // per address, so each test gets its own, as each Rig has its own containerd, and a test
+        // that kills its server ends no other test's pods.
+        let address = dir.join("containerd.sock");
         let out = Command::new(shim_binary())
-            .args(["-namespace", NAMESPACE, "-address", "/run/corral-rig/direct/none.sock"])
+            .args(["-namespace", NAMESPACE, "-address"])
+            .arg(&address)
             .args(["-publish-binary", "/bin/true", "-id", id, "start"])
             .current_dir(&bundle)
             .output()?;
@@ -150,8 +155,10 @@ impl DirectShim {
     /// Runs the `delete` subcommand for `id` with `bundle`, as containerd does; returns the
     /// exit status of the command and the bytes it printed.
     pub fn delete_command(&self, id: &str, bundle: &Path) -> Result<(bool, Vec<u8>)> {
+        let address = self.dir.join("containerd.sock");
         let out = Command::new(shim_binary())
-            .args(["-namespace", NAMESPACE, "-address", "/run/corral-rig/direct/none.sock"])
+            .args(["-namespace", NAMESPACE, "-address"])
+            .arg(&address)
             .args(["-publish-binary", "/bin/true", "-id", id, "-bundle"])
             .arg(bundle)
             .arg("delete")

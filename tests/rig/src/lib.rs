@@ -12,6 +12,7 @@
 pub mod cgroup;
 pub mod cri;
 pub mod direct;
+pub mod leaks;
 pub mod probe;
 pub mod stream;
 
@@ -37,6 +38,12 @@ pub fn workspace() -> PathBuf {
 }
 
 /// Directory holding `containerd-shim-corral-v2`: `CORRAL_SHIM_DIR`, else target/debug.
+/// Whether this run's corral servers are in node mode (`CORRAL_MODE=node` in the test's
+/// environment, which containerd passes on to its shims): one server for every pod.
+pub fn node_mode() -> bool {
+    std::env::var("CORRAL_MODE").is_ok_and(|m| m == "node")
+}
+
 pub fn shim_dir() -> PathBuf {
     std::env::var_os("CORRAL_SHIM_DIR").map(PathBuf::from).unwrap_or_else(|| workspace().join("target/debug"))
 }
@@ -51,6 +58,9 @@ pub struct Options {
     pub shim_env: Vec<String>,
     /// More containerd configuration (TOML), appended to the rig's.
     pub extra_config: String,
+    /// Variables of the test's environment containerd (and so its shims) must not inherit
+    /// (e.g. CORRAL_MODE, for a test of both modes side by side whatever the suite's mode).
+    pub env_remove: Vec<String>,
 }
 
 /// A running private containerd.
@@ -137,6 +147,10 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
   runtime_type = "io.containerd.corral.v2"
   sandboxer = "shim"
 
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.corral-node]
+  runtime_type = "io.containerd.corral-node.v2"
+  sandboxer = "shim"
+
 [plugins.'io.containerd.shim.v1.manager']
   env = {shim_env}
 
@@ -172,8 +186,25 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
     fn spawn(&mut self) -> Result<()> {
         let log = std::fs::File::create(&self.log)?;
-        let path = format!("{}:{}", shim_dir().display(), std::env::var("PATH").unwrap_or_default());
-        let child = Command::new("containerd")
+        // The `corral-node` handler's binary: a link to the shim, as `make install` makes it.
+        let bin = self.dir.join("bin");
+        std::fs::create_dir_all(&bin)?;
+        let _ = std::fs::remove_file(bin.join("containerd-shim-corral-node-v2"));
+        std::os::unix::fs::symlink(
+            shim_dir().join("containerd-shim-corral-v2"),
+            bin.join("containerd-shim-corral-node-v2"),
+        )?;
+        let path = format!(
+            "{}:{}:{}",
+            bin.display(),
+            shim_dir().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut cmd = Command::new("containerd");
+        for name in &self.options.env_remove {
+            cmd.env_remove(name);
+        }
+        let child = cmd
             .arg("--config")
             .arg(self.dir.join("config.toml"))
             .env("PATH", path)

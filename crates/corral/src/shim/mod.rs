@@ -12,3 +12,7 @@ pub mod start;
 /// argv[0] of the processes corral spawns from its own executable (server, holder), so `ps`
 /// shows what they are.
 pub const BINARY_NAME: &str = "containerd-shim-corral-v2";
+
+/// The name (a link to the same binary) under which `start` puts every pod in node mode; the
+/// runtime_type `io.containerd.corral-node.v2` makes containerd run it.
+pub const NODE_BINARY_NAME: &str = "containerd-shim-corral-node-v2";

@@ -54,7 +54,7 @@ pub fn run(args: &Args) -> Result<()> {
         options.save(&bundle)?;
     }
     let dir = PathBuf::from(input.socket_dir.unwrap_or_else(|| SOCKET_DIR.to_string()));
-    match config.shim.mode {
+    match mode(config) {
         Mode::Pod => {
             let socket = socket_path(&dir, &args.address, &args.namespace, &args.id);
             ensure_server(args, &socket, None, &bundle)?;
@@ -65,6 +65,19 @@ pub fn run(args: &Args) -> Result<()> {
             start_node(args, &node, options.as_ref(), &bundle)?;
             print_reply(&node.socket)
         }
+    }
+}
+
+/// The mode for this sandbox: `CORRAL_MODE`, else the name corral was run under, else the
+/// configuration. A handler whose runtime_type is `io.containerd.corral-node.v2` runs
+/// `containerd-shim-corral-node-v2` (a link to this binary): so one containerd can offer both
+/// modes side by side, which a handler's options cannot do on containerd 2.1.
+fn mode(config: &crate::config::Config) -> Mode {
+    let name = std::env::args_os().next().map(PathBuf::from);
+    let by_name = name.as_deref().and_then(Path::file_name).is_some_and(|n| n == super::NODE_BINARY_NAME);
+    match std::env::var_os("CORRAL_MODE") {
+        None if by_name => Mode::Node,
+        _ => config.shim.mode,
     }
 }
 
