@@ -1,8 +1,9 @@
-//! `corral-bench`: corral against containerd's default pause sandbox (the `runc` handler with a
-//! pause image), side by side on one private containerd, alternating handlers so drift hits both.
-//! It measures and reports; it asserts nothing.
+//! `corral-bench`: corral, per pod (`corral`) and in node mode (`corral-node`), against
+//! containerd's default pause sandbox (the `runc` handler with a pause image), side by side on one
+//! private containerd, alternating handlers so drift hits all. It measures and reports; it
+//! asserts nothing.
 //!
-//! Usage: corral-bench [--pods N] [--out DIR]
+//! Usage: corral-bench [--pods N] [--parallel N] [--out DIR]
 
 mod measure;
 mod report;
@@ -12,26 +13,29 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use corral_rig::cri::{container_config, Cri};
-use corral_rig::{Options, Rig};
+use corral_rig::{probe, Options, Rig};
 use measure::{PodProcesses, Usage};
 use report::{Figure, Report};
 
-const HANDLERS: [&str; 2] = ["corral", "runc"];
+/// corral per pod, corral in node mode (the `corral-node` handler), and the baseline last.
+const HANDLERS: [&str; 3] = ["corral", "corral-node", "runc"];
 
 struct Args {
     pods: usize,
+    parallel: usize,
     out: PathBuf,
 }
 
 fn args() -> Result<Args> {
-    let mut a = Args { pods: 30, out: PathBuf::from("target/bench") };
+    let mut a = Args { pods: 30, parallel: 20, out: PathBuf::from("target/bench") };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--pods" => a.pods = it.next().context("--pods N")?.parse()?,
+            "--parallel" => a.parallel = it.next().context("--parallel N")?.parse()?,
             "--out" => a.out = it.next().context("--out DIR")?.into(),
             "-h" | "--help" => {
-                println!("usage: corral-bench [--pods N] [--out DIR]");
+                println!("usage: corral-bench [--pods N] [--parallel N] [--out DIR]");
                 std::process::exit(0);
             }
             other => anyhow::bail!("unknown argument {other}"),
@@ -64,87 +68,102 @@ async fn wait_for_idle() -> f64 {
     l
 }
 
+/// What all of `handler`'s pods cost together: the processes that exist because of them (for
+/// corral-node the one node server, counted once, and each pod's holder).
+fn usage_of(rig: &Rig, handler: &str, pods: &[String]) -> Result<Usage> {
+    let mut pids: Vec<u32> = pods.iter().flat_map(|p| PodProcesses::find(handler, p).pids).collect();
+    if handler == "corral-node" {
+        let address = rig.socket.display().to_string();
+        pids.extend(probe::node_servers().into_iter().filter(|p| probe::cmdline(*p).contains(&address)));
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    PodProcesses { pids }.measure()
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args = args()?;
     let n = args.pods;
     let load_before = wait_for_idle().await;
-    progress("starting a private containerd with the corral and runc handlers");
-    let rig = Rig::start(Options { pause_image: true, ..Default::default() }).await?;
+    progress("starting a private containerd with the corral, corral-node and runc handlers");
+    // The handler's name alone chooses corral's mode here.
+    let options = Options { pause_image: true, env_remove: vec!["CORRAL_MODE".into()], ..Default::default() };
+    let rig = Rig::start(options).await?;
     let mut cri = rig.cri().await?;
     let containerd = rig.pid().context("containerd pid")?;
-    let mut report = Report::new(n, load_before);
+    let mut report = Report::new(n, &HANDLERS, load_before);
 
-    // Warm caches for both: one pod with a container each, then gone.
+    // Warm caches for each: one pod with a container, then gone.
     for h in HANDLERS {
         let (pod, cfg) = run_pod(&rig, &mut cri, h, "warm").await?;
         cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
         cri.stop_and_remove_pod(&pod).await?;
     }
 
-    // 1. RunPodSandbox, sequential, alternating; the pods stay for the memory figures.
-    let mut latency: [Vec<f64>; 2] = Default::default();
-    let mut pods: [Vec<String>; 2] = Default::default();
-    for i in 0..n {
-        for (k, h) in HANDLERS.iter().enumerate() {
-            let started = Instant::now();
-            let (pod, _) = run_pod(&rig, &mut cri, h, &format!("seq{i}")).await?;
-            latency[k].push(started.elapsed().as_secs_f64() * 1000.0);
-            pods[k].push(pod);
+    // 1. RunPodSandbox, sequential, alternating; n pods per handler, measured; n more, measured
+    //    again: the difference over n is what one more pod costs (a node server is shared).
+    let mut latency: [Vec<f64>; 3] = Default::default();
+    let mut pods: [Vec<String>; 3] = Default::default();
+    let mut at_n: Vec<Usage> = Vec::new();
+    for round in 0..2 {
+        for i in 0..n {
+            for (k, h) in HANDLERS.iter().enumerate() {
+                let started = Instant::now();
+                let (pod, _) = run_pod(&rig, &mut cri, h, &format!("seq{round}-{i}")).await?;
+                latency[k].push(started.elapsed().as_secs_f64() * 1000.0);
+                pods[k].push(pod);
+            }
         }
-        if (i + 1) % 10 == 0 {
-            progress(&format!("RunPodSandbox: {} of {n} pods per handler", i + 1));
+        progress(&format!("RunPodSandbox: {} pods per handler", n * (round + 1)));
+        if round == 0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            at_n = HANDLERS
+                .iter()
+                .enumerate()
+                .map(|(k, h)| usage_of(&rig, h, &pods[k]))
+                .collect::<Result<_>>()?;
         }
     }
     report.latency("RunPodSandbox", "ms", &latency);
 
-    // 2. Memory and CPU of the processes that exist because of each pod (not the app).
+    // 2. Memory and CPU of the processes that exist because of the pods (not the app).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut usage: [Usage; 2] = Default::default();
-    for (k, h) in HANDLERS.iter().enumerate() {
-        for pod in &pods[k] {
-            usage[k].add(&PodProcesses::find(h, pod).measure()?);
-        }
-    }
-    let per_pod = |u: &Usage, f: fn(&Usage) -> f64| f(u) / n as f64;
+    let at_2n: Vec<Usage> =
+        HANDLERS.iter().enumerate().map(|(k, h)| usage_of(&rig, h, &pods[k])).collect::<Result<_>>()?;
+    let per = |f: fn(&Usage) -> f64, div: f64| -> Vec<f64> { at_2n.iter().map(|u| f(u) / div).collect() };
+    let marginal = |f: fn(&Usage) -> f64| -> Vec<f64> {
+        at_2n.iter().zip(&at_n).map(|(two, one)| (f(two) - f(one)) / n as f64).collect()
+    };
+    let two_n = 2.0 * n as f64;
     report.push(Figure::single(
-        "per-pod RSS",
+        &format!("marginal RSS per pod ({n} to {})", 2 * n),
         "MiB",
-        per_pod(&usage[0], |u| u.rss_kib / 1024.0),
-        per_pod(&usage[1], |u| u.rss_kib / 1024.0),
+        &marginal(|u| u.rss_kib / 1024.0),
     ));
     report.push(Figure::single(
-        "per-pod PSS",
+        &format!("marginal PSS per pod ({n} to {})", 2 * n),
         "MiB",
-        per_pod(&usage[0], |u| u.pss_kib / 1024.0),
-        per_pod(&usage[1], |u| u.pss_kib / 1024.0),
+        &marginal(|u| u.pss_kib / 1024.0),
     ));
-    report.push(Figure::single(
-        "per-pod CPU time",
-        "ms",
-        per_pod(&usage[0], |u| u.cpu_ms),
-        per_pod(&usage[1], |u| u.cpu_ms),
-    ));
-    report.push(Figure::single(
-        "per-pod processes",
-        "count",
-        per_pod(&usage[0], |u| u.processes as f64),
-        per_pod(&usage[1], |u| u.processes as f64),
-    ));
+    report.push(Figure::single("per-pod RSS", "MiB", &per(|u| u.rss_kib / 1024.0, two_n)));
+    report.push(Figure::single("per-pod PSS", "MiB", &per(|u| u.pss_kib / 1024.0, two_n)));
+    report.push(Figure::single("per-pod CPU time", "ms", &per(|u| u.cpu_ms, two_n)));
+    report.push(Figure::single("per-pod processes", "count", &per(|u| u.processes as f64, two_n)));
 
     // 3. Teardown, alternating.
-    let mut teardown: [Vec<f64>; 2] = Default::default();
-    for (corral_pod, pause_pod) in pods[0].iter().zip(&pods[1]) {
-        for (k, pod) in [corral_pod, pause_pod].into_iter().enumerate() {
+    let mut teardown: [Vec<f64>; 3] = Default::default();
+    for i in 0..2 * n {
+        for (samples, handler_pods) in teardown.iter_mut().zip(&pods) {
             let started = Instant::now();
-            cri.stop_and_remove_pod(pod).await?;
-            teardown[k].push(started.elapsed().as_secs_f64() * 1000.0);
+            cri.stop_and_remove_pod(&handler_pods[i]).await?;
+            samples.push(started.elapsed().as_secs_f64() * 1000.0);
         }
     }
     progress("teardown measured");
 
     // 4. Full pod to RUNNING: RunPodSandbox + CreateContainer + StartContainer.
-    let mut full: [Vec<f64>; 2] = Default::default();
+    let mut full: [Vec<f64>; 3] = Default::default();
     for i in 0..n {
         for (k, h) in HANDLERS.iter().enumerate() {
             let started = Instant::now();
@@ -158,14 +177,15 @@ async fn main() -> Result<()> {
     report.latency("Stop+RemovePodSandbox", "ms", &teardown);
     progress("pod to RUNNING measured");
 
-    // 5. Throughput: n RunPodSandbox, 4 at a time; then containerd's growth with n pods.
-    let mut wall = [0.0; 2];
-    let mut growth = [0.0; 2];
+    // 5. Throughput: `parallel` RunPodSandbox, 4 at a time; then containerd's growth with them.
+    let p = args.parallel;
+    let mut wall = [0.0; 3];
+    let mut growth = [0.0; 3];
     for round in 0..2 {
         for (k, h) in HANDLERS.iter().enumerate() {
             let rss_before = measure::rss_kib(containerd);
             let started = Instant::now();
-            let created = parallel_pods(&rig, &cri, h, &format!("par{round}"), n, 4).await?;
+            let created = parallel_pods(&rig, &cri, h, &format!("par{round}"), p, 4).await?;
             wall[k] += started.elapsed().as_secs_f64() * 1000.0 / 2.0;
             growth[k] += (measure::rss_kib(containerd) - rss_before) / 1024.0 / 2.0;
             for pod in created {
@@ -173,8 +193,8 @@ async fn main() -> Result<()> {
             }
         }
     }
-    report.push(Figure::single(&format!("{n} RunPodSandbox, 4 parallel"), "ms", wall[0], wall[1]));
-    report.push(Figure::single(&format!("containerd RSS growth, {n} pods"), "MiB", growth[0], growth[1]));
+    report.push(Figure::single(&format!("{p} RunPodSandbox, 4 parallel"), "ms", &wall));
+    report.push(Figure::single(&format!("containerd RSS growth, {p} pods"), "MiB", &growth));
     progress("throughput measured");
 
     report.load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();

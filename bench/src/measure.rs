@@ -4,8 +4,9 @@
 use anyhow::Result;
 use corral_rig::probe;
 
-/// Processes of one pod's sandbox: for corral the shim server and the holder; for the pause
-/// sandbox containerd-shim-runc-v2 and the pause process.
+/// Processes of one pod's sandbox: for corral the shim server and the holder (in node mode the
+/// holder only: the shared server is counted once for all pods); for the pause sandbox
+/// containerd-shim-runc-v2 and the pause process.
 pub struct PodProcesses {
     pub pids: Vec<u32>,
 }
@@ -42,15 +43,6 @@ pub struct Usage {
     pub pss_kib: f64,
     pub cpu_ms: f64,
     pub processes: usize,
-}
-
-impl Usage {
-    pub fn add(&mut self, o: &Usage) {
-        self.rss_kib += o.rss_kib;
-        self.pss_kib += o.pss_kib;
-        self.cpu_ms += o.cpu_ms;
-        self.processes += o.processes;
-    }
 }
 
 fn field_kib(text: &str, name: &str) -> f64 {
