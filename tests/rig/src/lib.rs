@@ -126,6 +126,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 [debug]
   level = "{level}"
 
+{timeouts}
+
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = "{pause}"
 
@@ -165,6 +167,14 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
                 ""
             },
             extra = self.options.extra_config,
+            // containerd kills a shim's `delete` after 5 s (its default cleanup timeout); under
+            // software emulation (CORRAL_RIG_TIME_SCALE, scripts/test-vm.sh) merely loading the
+            // debug binary from the 9p share can take most of that, so the deadline stretches
+            // with the rig's other waits. Unscaled, it is containerd's default.
+            timeouts = match scaled(Duration::from_secs(5)).as_secs() {
+                5 => String::new(),
+                secs => format!("[timeouts]\n  \"io.containerd.timeout.shim.cleanup\" = \"{secs}s\""),
+            },
             root = self.root.display(),
             state = self.state.display(),
             sock = self.socket.display(),
