@@ -18,9 +18,8 @@
 //! the pod shares its server: it must release the pod, never the server.
 
 use std::collections::HashSet;
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -28,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::config::Config;
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, Result};
 
 /// Where node servers keep their lock and registrations.
 pub const NODE_DIR: &str = "/run/corral/node";
@@ -86,45 +85,24 @@ impl NodeServer {
 
     /// Creates the directory (0700) and takes its lock, waiting for it.
     pub fn lock(&self) -> Result<NodeLock> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(self.pods_dir())
-            .with_path("create node directory", &self.pods_dir())?;
         let path = self.dir.join("lock");
         loop {
-            let file = OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&path)
-                .with_path("open node lock", &path)?;
-            loop {
-                // SAFETY: flock on an fd we own, with an integer operation.
-                if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                    break;
-                }
-                let err = std::io::Error::last_os_error();
-                if err.raw_os_error() != Some(libc::EINTR) {
-                    return Err(Error::io(format!("lock {}", path.display()), err));
-                }
-            }
-            // A leaving server removes the directory under the lock (see `remove`): a lock taken
-            // on a file no longer at its path locks nothing; take the new one.
-            let same = match (file.metadata(), std::fs::symlink_metadata(&path)) {
-                (Ok(held), Ok(now)) => held.ino() == now.ino() && held.dev() == now.dev(),
-                _ => false,
-            };
-            if same {
-                return Ok(NodeLock { _file: file });
-            }
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(self.pods_dir())
                 .with_path("create node directory", &self.pods_dir())?;
+            // A leaving server removes the directory under the lock (see `remove`): a lock taken
+            // on a file no longer at its path locks nothing; take the new one.
+            if let Some(file) = crate::sys::lock::lock_file(&path).with_path("lock", &path)? {
+                let same = match (file.metadata(), std::fs::symlink_metadata(&path)) {
+                    (Ok(held), Ok(now)) => held.ino() == now.ino() && held.dev() == now.dev(),
+                    _ => false,
+                };
+                if same {
+                    return Ok(NodeLock { _file: file });
+                }
+            }
         }
     }
 

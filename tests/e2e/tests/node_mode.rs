@@ -243,11 +243,7 @@ async fn a_dead_holder_ends_its_pod_only() -> Result<()> {
     let server = the_server(&rig)?;
     let holder = probe::holder_of(&a).context("holder")?;
     kill(Pid::from_raw(holder as i32), Signal::SIGKILL)?;
-    let deadline = std::time::Instant::now() + corral_rig::scaled(Duration::from_secs(10));
-    while cri.pod_ready(&a).await.unwrap_or(true) {
-        assert!(std::time::Instant::now() < deadline, "pod a still READY 10 s after its holder died");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    cri.wait_not_ready(&a, corral_rig::scaled(Duration::from_secs(10))).await?;
     assert_serves(&mut cri, &b, &cb).await?;
     assert_eq!(the_server(&rig)?, server);
     cri.stop_and_remove_pod(&a).await?;
@@ -269,11 +265,7 @@ async fn the_servers_death_ends_every_pod_and_the_next_pod_starts_a_new_server()
     // its record: holder, containers, mounts; the last one also the dead server's socket and
     // directory.
     for pod in [&a, &b] {
-        let deadline = std::time::Instant::now() + corral_rig::scaled(Duration::from_secs(10));
-        while cri.pod_ready(pod).await.unwrap_or(true) {
-            assert!(std::time::Instant::now() < deadline, "pod {pod} still READY after its server died");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        cri.wait_not_ready(pod, corral_rig::scaled(Duration::from_secs(10))).await?;
     }
     eventually(corral_rig::scaled(Duration::from_secs(5)), || {
         let holders = [probe::holder_of(&a), probe::holder_of(&b)];

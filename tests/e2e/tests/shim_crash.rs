@@ -26,12 +26,7 @@ async fn a_killed_shim_is_cleaned_up_by_delete_and_the_pod_goes_notready() -> Re
     // CRI learns it through the broken WaitSandbox and reports the pod NOTREADY (well under a
     // second on an idle node; the bound here only keeps a broken run from hanging, it is not a
     // timing claim).
-    let deadline = std::time::Instant::now() + corral_rig::scaled(Duration::from_secs(10));
-    // (Right after the crash PodSandboxStatus may fail once: the connection is closing.)
-    while cri.pod_ready(&pod).await.unwrap_or(true) {
-        assert!(std::time::Instant::now() < deadline, "pod still READY 10 s after its shim died");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    cri.wait_not_ready(&pod, corral_rig::scaled(Duration::from_secs(10))).await?;
     // containerd's `delete` killed the holder and the container, and removed the socket.
     eventually(Duration::from_secs(5), || {
         let holder = probe::holder_of(&pod);
@@ -87,13 +82,7 @@ async fn after_a_crash_containers_exit_and_the_pod_goes_on_both_handlers() -> Re
             .context("shim")?;
             kill(Pid::from_raw(shim as i32), Signal::SIGKILL)?;
             let killed = std::time::Instant::now();
-            while cri.pod_ready(&pod).await.unwrap_or(true) {
-                assert!(
-                    killed.elapsed() < corral_rig::scaled(Duration::from_secs(10)),
-                    "{handler}: pod still READY long after the kill"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            cri.wait_not_ready(&pod, corral_rig::scaled(Duration::from_secs(10))).await?;
             let notready = std::time::Instant::now();
             for c in &containers {
                 cri.wait_exited(c, corral_rig::scaled(Duration::from_secs(30))).await.with_context(|| {

@@ -77,6 +77,18 @@ impl Cri {
         Ok(status.status.map(|s| s.state) == Some(PodSandboxState::SandboxReady as i32))
     }
 
+    /// Polls PodSandboxStatus until the pod is NOTREADY, failing after `timeout` (a bound that
+    /// keeps a broken run from hanging, not a timing claim). Right after a shim dies a status
+    /// call may fail while the connection closes: that counts as not yet.
+    pub async fn wait_not_ready(&mut self, id: &str, timeout: Duration) -> Result<Duration> {
+        let started = Instant::now();
+        while self.pod_ready(id).await.unwrap_or(true) {
+            anyhow::ensure!(started.elapsed() < timeout, "pod {id} still READY after {timeout:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(started.elapsed())
+    }
+
     /// CreateContainer + StartContainer; returns the container id.
     pub async fn run_container(
         &mut self,

@@ -1,4 +1,4 @@
-//! An exclusive lock on a pod's bundle (flock on `<bundle>/corral.lock`), held while the pod's
+//! Exclusive file locks (flock). The bundle lock (`<bundle>/corral.lock`) is held while a pod's
 //! resources are released: `delete` can run twice, concurrently, or while the server is still
 //! releasing after ShutdownSandbox (containerd starts it as soon as the reply arrives).
 
@@ -15,28 +15,33 @@ pub struct BundleLock {
 impl BundleLock {
     /// Blocks until the lock is ours. None when the bundle is gone (nothing left to release).
     pub fn acquire(bundle: &Path) -> std::io::Result<Option<BundleLock>> {
-        let path = bundle.join("corral.lock");
-        let file = match OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        loop {
-            // SAFETY: flock on an fd we own, with an integer operation.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(Some(BundleLock { _file: file }));
-            }
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EINTR) {
-                return Err(err);
-            }
+        Ok(lock_file(&bundle.join("corral.lock"))?.map(|file| BundleLock { _file: file }))
+    }
+}
+
+/// Opens (creating it, 0600, never through a symlink) and exclusively flocks `path`, waiting for
+/// the lock; the lock lasts as long as the returned file. None when its directory is gone.
+pub fn lock_file(path: &Path) -> std::io::Result<Option<File>> {
+    let file = match OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    loop {
+        // SAFETY: flock on an fd we own, with an integer operation.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(Some(file));
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            return Err(err);
         }
     }
 }
