@@ -196,9 +196,17 @@ impl NodeServer {
     }
 
     /// The node server of the pod whose bundle is `bundle`, if it is a node-mode pod.
+    /// Only a directory of [`NODE_DIR`] named by a key is taken: `delete` removes files in it.
     pub fn from_marker(bundle: &Path) -> Option<NodeServer> {
+        Self::from_marker_in(bundle, Path::new(NODE_DIR))
+    }
+
+    fn from_marker_in(bundle: &Path, node_root: &Path) -> Option<NodeServer> {
         let data = std::fs::read(bundle.join(MARKER_FILE)).ok()?;
-        serde_json::from_slice(&data).ok()
+        let node: NodeServer = serde_json::from_slice(&data).ok()?;
+        let key = node.dir.file_name()?.to_str()?;
+        let is_key = key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit());
+        (is_key && node.dir.parent() == Some(node_root)).then_some(node)
     }
 }
 
@@ -226,7 +234,7 @@ mod tests {
     fn registrations_and_markers() {
         let root = std::env::temp_dir().join(format!("corral-node-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        let node = NodeServer { socket: root.join("sock"), dir: root.join("node") };
+        let node = NodeServer::locate(&root, &root.join("node"), "/a.sock", "ns", &Config::default());
         let bundle = root.join("bundle");
         std::fs::create_dir_all(&bundle).unwrap();
         let lock = node.lock().unwrap();
@@ -254,8 +262,13 @@ mod tests {
         node.register("pod-a", &bundle).unwrap();
 
         node.save_marker(&bundle).unwrap();
-        assert_eq!(NodeServer::from_marker(&bundle), Some(node.clone()));
-        assert_eq!(NodeServer::from_marker(&root), None);
+        assert_eq!(NodeServer::from_marker_in(&bundle, &root.join("node")), Some(node.clone()));
+        assert_eq!(NodeServer::from_marker_in(&root, &root.join("node")), None, "no marker");
+        assert_eq!(NodeServer::from_marker(&bundle), None, "a directory outside the node root");
+        let forged = NodeServer { socket: node.socket.clone(), dir: root.join("node").join("etc") };
+        forged.save_marker(&bundle).unwrap();
+        assert_eq!(NodeServer::from_marker_in(&bundle, &root.join("node")), None, "not a key");
+        node.save_marker(&bundle).unwrap();
 
         // A registration whose bundle is gone is stale: dropped.
         std::fs::remove_dir_all(&bundle).unwrap();
