@@ -73,9 +73,9 @@ pub fn to_file(pipe: OwnedFd, file: File, path: PathBuf) -> Result<Flusher> {
     Ok(flusher)
 }
 
-async fn copy_to_file(
+async fn copy_to_file<W: tokio::io::AsyncWrite + Unpin>(
     mut source: tokio::net::unix::pipe::Receiver,
-    mut file: tokio::fs::File,
+    mut file: W,
     path: PathBuf,
     mut requests: FlushRequests,
 ) {
@@ -83,7 +83,7 @@ async fn copy_to_file(
     // A failing file (a full disk) must not kill the process with SIGPIPE: keep reading, keep
     // trying, and say so once.
     let mut failed = false;
-    let mut write = async |file: &mut tokio::fs::File, data: &[u8]| {
+    let mut write = async |file: &mut W, data: &[u8]| {
         if let Err(e) = file.write_all(data).await {
             if !std::mem::replace(&mut failed, true) {
                 tracing::warn!(file = %path.display(), error = %e, "output file write failed; output is lost");
@@ -98,8 +98,19 @@ async fn copy_to_file(
                 _ => break,
             },
             ack = requests.next() => {
-                while let Ok(n @ 1..) = source.try_read(&mut buf) {
-                    write(&mut file, &buf[..n]).await;
+                // What the pipe holds now, and no more: that is all the exited process wrote,
+                // and a writer that lives on (a child holding the pipe) must not keep the exit
+                // waiting by keeping the pipe full.
+                let mut pending = bytes_in_pipe(&source);
+                while pending > 0 {
+                    let want = pending.min(buf.len());
+                    match source.try_read(&mut buf[..want]) {
+                        Ok(n @ 1..) => {
+                            write(&mut file, &buf[..n]).await;
+                            pending -= n;
+                        }
+                        _ => break,
+                    }
                 }
                 // tokio's File completes writes in the background: flush waits for them.
                 let _ = file.flush().await;
@@ -111,8 +122,21 @@ async fn copy_to_file(
     drop(requests);
 }
 
+/// The bytes waiting in a pipe (FIONREAD); 0 if the kernel does not say.
+fn bytes_in_pipe(pipe: &impl std::os::fd::AsRawFd) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which points at `n`.
+    let rc = unsafe { libc::ioctl(pipe.as_raw_fd(), libc::FIONREAD, &mut n as *mut libc::c_int) };
+    if rc == 0 {
+        n.max(0) as usize
+    } else {
+        0
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
     use std::io::Write;
     use std::time::Duration;
 
@@ -159,5 +183,63 @@ mod tests {
         .unwrap();
         tokio::time::timeout(Duration::from_secs(1), flusher.flush()).await.unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An output file slower than the pipe's writer: each write takes 2 ms.
+    struct SlowFile(Option<std::pin::Pin<Box<tokio::time::Sleep>>>);
+
+    impl tokio::io::AsyncWrite for SlowFile {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            let sleep = self.0.get_or_insert_with(|| Box::pin(tokio::time::sleep(Duration::from_millis(2))));
+            std::task::ready!(sleep.as_mut().poll(cx));
+            self.0 = None;
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A child of the exited process keeps the pipe full while the file is slower than it: the
+    /// flush writes out what the pipe held when asked and answers, instead of chasing the writer
+    /// for as long as it writes (the bound only keeps a broken build from hanging; it is no
+    /// timing claim: the writer never stops before the flush answers or the bound passes).
+    #[tokio::test]
+    async fn a_flush_ends_while_another_writer_keeps_the_pipe_full() {
+        let (read, mut writer) = pipe();
+        let source = tokio::net::unix::pipe::Receiver::from_owned_fd(read).unwrap();
+        let (flusher, requests) = flush_channel();
+        tokio::spawn(copy_to_file(source, SlowFile(None), PathBuf::from("slow"), requests));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let chatter = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let chunk = vec![b'x'; 64 * 1024];
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if writer.write_all(&chunk).is_err() {
+                        break;
+                    }
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let answered = tokio::time::timeout(Duration::from_secs(10), flusher.flush()).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Off this thread: the writer may sit in a write until the copy (on this thread) drains.
+        tokio::task::spawn_blocking(move || chatter.join()).await.unwrap().unwrap();
+        assert!(answered.is_ok(), "the flush chased a writer that never stopped");
     }
 }
