@@ -6,17 +6,26 @@ set -uo pipefail
 ws=${1:?workspace}
 # test-vm.sh names its run directory on the kernel command line (corral.run=PATH).
 run=$ws/target/vm/run
+mode=pod
 for arg in $(cat /proc/cmdline); do
-  case $arg in corral.run=*) run=${arg#corral.run=} ;; esac
+  case $arg in
+    corral.run=*) run=${arg#corral.run=} ;;
+    corral.mode=*) mode=${arg#corral.mode=} ;;
+  esac
 done
 exec >>"$run/guest.log" 2>&1
 echo "guest: $(stat -f -c %T /sys/fs/cgroup)"
 echo "guest: $(cat /proc/1/comm)"
+echo "guest: corral in $mode mode"
 echo "guest: kernel $(uname -r), $(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), $(nproc) CPUs"
 # The rig's systemd mode (tests/rig: CORRAL_RIG_CGROUP=systemd) is also detected on its own;
 # naming it makes a wrong detection fail loudly instead of testing cgroupfs.
 export CORRAL_RIG_CGROUP=systemd
 export CORRAL_SHIM_DIR=$run/bin
+# Node mode (test-vm.sh's CORRAL_VM_MODE): containerd passes CORRAL_MODE on to its shims.
+if [[ $mode == node ]]; then
+  export CORRAL_MODE=node
+fi
 # Each rig's containerd log comes back to the host (the guest's disk does not).
 export CORRAL_RIG_LOG_COPY=$run/containerd
 mkdir -p "$CORRAL_RIG_LOG_COPY"
