@@ -14,7 +14,8 @@
 //! ```
 //!
 //! Later wins: defaults, the file, the handler's options, then the environment (containerd's
-//! shim-manager `env`: `CORRAL_RUNC`, `CORRAL_SHM_SIZE`, `CORRAL_LOG`, `CORRAL_MODE`). `start` keeps the options
+//! shim-manager `env`: `CORRAL_RUNC`, `CORRAL_SHM_SIZE`, `CORRAL_LOG`, `CORRAL_MODE`,
+//! `CORRAL_NODE_LOG_DIR`). `start` keeps the options
 //! in the sandbox bundle (`corral-options.json`) for the server and `delete`.
 //!
 //! ```toml
@@ -27,6 +28,7 @@
 //! files_root = "/var/lib/corral/pods"  # pods' hostname/hosts/resolv.conf, on disk (not /run)
 //! [log]
 //! level = "info"               # a tracing filter; containerd's -debug raises it to debug
+//! node_dir = "/var/log/corral" # node mode: where node servers write their logs
 //! [cgroup]
 //! driver = "auto"              # auto (from the path's shape), cgroupfs or systemd
 //! [shim]
@@ -49,6 +51,10 @@ pub const DEFAULT_RUNC_ROOT: &str = "/run/corral/runc";
 
 /// Default root of the pods' file directories (`pod.files_root`).
 pub const FILES_ROOT: &str = "/var/lib/corral/pods";
+
+/// Where node-mode servers write their logs by default (`log.node_dir`): no pod's log FIFO
+/// outlives a node server.
+pub const NODE_LOG_DIR: &str = "/var/log/corral";
 
 /// Default size of the pod's /dev/shm, as containerd's podsandbox controller uses.
 pub const SHM_SIZE_KIB: u64 = 65536;
@@ -109,6 +115,8 @@ pub struct Pod {
 #[serde(deny_unknown_fields, default)]
 pub struct Log {
     pub level: String,
+    /// Node mode: the directory of the node servers' log files.
+    pub node_dir: PathBuf,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -168,7 +176,7 @@ impl Default for Pod {
 
 impl Default for Log {
     fn default() -> Self {
-        Log { level: "info".into() }
+        Log { level: "info".into(), node_dir: PathBuf::from(NODE_LOG_DIR) }
     }
 }
 
@@ -207,6 +215,9 @@ impl Config {
         if let Ok(level) = std::env::var("CORRAL_LOG") {
             config.log.level = level;
         }
+        if let Some(dir) = std::env::var_os("CORRAL_NODE_LOG_DIR") {
+            config.log.node_dir = PathBuf::from(dir);
+        }
         if let Ok(mode) = std::env::var("CORRAL_MODE") {
             config.shim.mode =
                 mode.parse().map_err(|e| Error::invalid(format!("environment CORRAL_MODE: {e}")))?;
@@ -235,6 +246,13 @@ impl Config {
                 "config {}: pod.files_root: {:?} is not an absolute directory below /",
                 origin.display(),
                 self.pod.files_root
+            )));
+        }
+        if !self.log.node_dir.is_absolute() {
+            return Err(Error::invalid(format!(
+                "config {}: log.node_dir: {:?} is not an absolute directory",
+                origin.display(),
+                self.log.node_dir
             )));
         }
         if self.runtime.binary.is_empty() || !self.runtime.root.is_absolute() {
@@ -403,6 +421,7 @@ mod tests {
         assert!(err("[pod]\nfiles_root = \"/\"\n").contains("pod.files_root"));
         assert!(err("[log]\nlevel = \"loud\"\n").contains("log.level"));
         assert!(err("[shim]\nmode = \"cluster\"\n").contains("cluster"));
+        assert!(err("[log]\nnode_dir = \"logs\"\n").contains("log.node_dir"));
         assert_eq!("node".parse::<Mode>(), Ok(Mode::Node));
         assert_eq!("Node".parse::<Mode>(), Err("\"Node\" is not a mode (pod or node)".into()));
         assert!(Config::parse("[log]\nlevel = \"corral=debug,info\"\n", Path::new("t")).is_ok());

@@ -41,7 +41,7 @@ fn is_corral(runtime_type: &str) -> Option<bool> {
 
 /// Node-mode servers running now: their directories under [`crate::node::NODE_DIR`], the pods
 /// registered in each, and whether a server answers on its socket.
-pub fn check_node_servers(node_root: &Path) -> Finding {
+pub fn check_node_servers(node_root: &Path, log_dir: &Path) -> Finding {
     let mut servers = Vec::new();
     for dir in std::fs::read_dir(node_root).into_iter().flatten().flatten() {
         let key: String = dir.file_name().to_string_lossy().chars().take(12).collect();
@@ -51,7 +51,7 @@ pub fn check_node_servers(node_root: &Path) -> Finding {
         servers.push(format!(
             "{key} ({pods} pod(s), {}, log {}/node-{key}.log)",
             if up { "serving" } else { "not answering" },
-            crate::node::LOG_DIR
+            log_dir.display()
         ));
     }
     match servers.is_empty() {
@@ -292,7 +292,8 @@ pub fn run(containerd_config: &Path) -> Vec<Finding> {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     findings.extend(check_confinement(&read("/proc/self/status"), &read("/proc/sys/kernel/osrelease")));
     findings.push(check_root_mount(&read("/proc/self/mountinfo")));
-    findings.push(check_node_servers(Path::new(crate::node::NODE_DIR)));
+    let log_dir = crate::config::Config::load(None).map(|c| c.log.node_dir).unwrap_or_default();
+    findings.push(check_node_servers(Path::new(crate::node::NODE_DIR), &log_dir));
     findings
 }
 
@@ -339,7 +340,8 @@ version = 3
             "{found:?}"
         );
         let none = std::env::temp_dir().join(format!("corral-doctor-node-{}", std::process::id()));
-        assert!(matches!(check_node_servers(&none), Finding::Ok(s) if s.contains("no node server")));
+        let found = check_node_servers(&none, Path::new(crate::config::NODE_LOG_DIR));
+        assert!(matches!(found, Finding::Ok(s) if s.contains("no node server")));
     }
 
     #[test]

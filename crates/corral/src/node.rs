@@ -31,8 +31,6 @@ use crate::error::{IoContext, Result};
 
 /// Where node servers keep their lock and registrations.
 pub const NODE_DIR: &str = "/run/corral/node";
-/// Where node servers write their logs (no pod's log FIFO outlives every pod).
-pub const LOG_DIR: &str = "/var/log/corral";
 /// The marker `start` leaves in a node-mode sandbox bundle.
 pub const MARKER_FILE: &str = "corral-node.json";
 
@@ -74,9 +72,9 @@ impl NodeServer {
         name.chars().take(12).collect()
     }
 
-    /// The server's log file.
-    pub fn log_file(&self) -> PathBuf {
-        Path::new(LOG_DIR).join(format!("node-{}.log", self.key()))
+    /// The server's log file in `dir` (`log.node_dir`).
+    pub fn log_file(&self, dir: &Path) -> PathBuf {
+        dir.join(format!("node-{}.log", self.key()))
     }
 
     fn pods_dir(&self) -> PathBuf {

@@ -86,6 +86,13 @@ async fn pods_started_together_share_one_server_which_leaves_with_the_last() -> 
     }
     let dir = node_dir(server)?;
     let socket = probe::shim_socket(server).context("socket")?;
+    // Its log: a file of its own (no pod's FIFO outlives it), where CORRAL_NODE_LOG_DIR says
+    // (the rig's directory; /var/log/corral by default).
+    let key: String = dir.file_name().context("key")?.to_string_lossy().chars().take(12).collect();
+    let log = rig.dir.join("node-logs").join(format!("node-{key}.log"));
+    let text = std::fs::read_to_string(&log).with_context(|| format!("{}", log.display()))?;
+    assert!(text.contains("serving the node's pods"), "{text}");
+    assert_eq!(std::fs::metadata(&log)?.permissions().mode() & 0o777, 0o600);
 
     // Containers in two of them, each in its own pod's namespaces.
     let mut cri = rig.cri().await?;

@@ -218,6 +218,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
             .arg("--config")
             .arg(self.dir.join("config.toml"))
             .env("PATH", path)
+            // Node servers' logs stay with the rig (and go with it), not in the node's /var/log.
+            .env("CORRAL_NODE_LOG_DIR", self.dir.join("node-logs"))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -479,6 +481,10 @@ impl Drop for Rig {
         // A log directory outside the rig (scripts/test-vm.sh: the guest's disk is thrown away).
         if let Some(dir) = std::env::var_os("CORRAL_RIG_LOG_COPY") {
             let _ = std::fs::copy(&self.log, Path::new(&dir).join(format!("{}.log", self.name)));
+            for log in std::fs::read_dir(self.dir.join("node-logs")).into_iter().flatten().flatten() {
+                let name = format!("{}-{}", self.name, log.file_name().to_string_lossy());
+                let _ = std::fs::copy(log.path(), Path::new(&dir).join(name));
+            }
         }
         if std::env::var_os("CORRAL_RIG_KEEP").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);

@@ -41,7 +41,12 @@ pub fn run(args: &Args) -> Result<()> {
     let config = crate::config::init(crate::config::RuntimeOptions::saved(&workdir)?.as_ref())?;
     match &node {
         None => super::logging::init(args.debug, &args.id, &config.log.level, None),
-        Some(node) => super::logging::init(args.debug, "", &config.log.level, Some(&node.log_file())),
+        Some(node) => super::logging::init(
+            args.debug,
+            "",
+            &config.log.level,
+            Some(&node.log_file(&config.log.node_dir)),
+        ),
     }
     // Container inits are reparented to corral when `runc create` exits; the subreaper bit makes
     // them corral's children so their exit status can be collected.
