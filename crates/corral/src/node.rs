@@ -9,6 +9,7 @@
 //! - `pods/<sandbox id>`: the bundle `start` ran in (containerd's cwd for it). CreateSandbox
 //!   accepts a bundle_path only if it is the registered one, as pod mode accepts only its cwd.
 //! - `corral-options.json`: the handler's options the server was started with.
+//! - `socket`: where the server listens (its directory can differ between containerds).
 //!
 //! The key hashes containerd's address, the namespace, corral's version and the effective
 //! settings: pods of handlers with different settings (or of another containerd) get servers
@@ -113,8 +114,15 @@ impl NodeServer {
         }
         let _ = std::fs::remove_dir(self.pods_dir());
         let _ = std::fs::remove_file(self.dir.join(crate::config::OPTIONS_FILE));
+        let _ = std::fs::remove_file(self.dir.join("socket"));
         let _ = std::fs::remove_file(self.dir.join("lock"));
         let _ = std::fs::remove_dir(&self.dir);
+    }
+
+    /// Notes where the server listens, for [`NodeServer::sweep_dead`]. Call with the lock held.
+    pub fn save_socket_path(&self) -> Result<()> {
+        let path = self.dir.join("socket");
+        std::fs::write(&path, self.socket.as_os_str().as_encoded_bytes()).with_path("write", &path)
     }
 
     /// Records that sandbox `id` owns `bundle` (canonical). Call with the lock held.
@@ -184,6 +192,38 @@ impl NodeServer {
         if registered == 0 {
             self.remove(&lock);
         }
+    }
+
+    /// Removes what dead node servers left when nothing ran their pods' `delete` (containerd
+    /// gone too, or a test's teardown): a directory under `node_root` whose server does not
+    /// answer on `socket_dir/<key>` and that registers no pod still to come. Returns how many.
+    pub fn sweep_dead(node_root: &Path, socket_dir: &Path) -> usize {
+        let mut removed = 0;
+        for entry in std::fs::read_dir(node_root).into_iter().flatten().flatten() {
+            let key = entry.file_name();
+            let Some(name) = key.to_str() else { continue };
+            if name.len() != 64 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+                continue;
+            }
+            // The socket's directory can differ between containerds (2.3+ may pass one): the
+            // server's own `socket` file says where it listens.
+            let socket = std::fs::read(entry.path().join("socket"))
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .map(PathBuf::from)
+                .unwrap_or_else(|| socket_dir.join(name));
+            let node = NodeServer { socket, dir: entry.path() };
+            let Ok(lock) = node.lock() else { continue };
+            if std::os::unix::net::UnixStream::connect(&node.socket).is_ok()
+                || !node.pending(&HashSet::new()).is_empty()
+            {
+                continue;
+            }
+            let _ = std::fs::remove_file(&node.socket);
+            node.remove(&lock);
+            removed += 1;
+        }
+        removed
     }
 
     /// Leaves the marker in a pod's bundle.
@@ -258,6 +298,9 @@ mod tests {
         drop(lock);
         assert!(waiter.join().unwrap(), "the waiter locked a file that is at its path");
         node.register("pod-a", &bundle).unwrap();
+        // A dead server (nothing listens on its socket) that registers a pod still to come stays.
+        assert_eq!(NodeServer::sweep_dead(&root.join("node"), &root), 0);
+        assert!(node.dir.exists());
 
         node.save_marker(&bundle).unwrap();
         assert_eq!(NodeServer::from_marker_in(&bundle, &root.join("node")), Some(node.clone()));
@@ -273,6 +316,13 @@ mod tests {
         assert!(node.pending(&HashSet::new()).is_empty());
         assert_eq!(node.registered_bundle("pod-a"), None);
         node.deregister("pod-a");
+        // Nothing registered and nobody listening: swept (its socket found through its `socket`
+        // file, not the sweeper's socket directory).
+        drop(node.lock().unwrap());
+        node.save_socket_path().unwrap();
+        std::fs::write(&node.socket, b"").unwrap();
+        assert_eq!(NodeServer::sweep_dead(&root.join("node"), Path::new("/nonexistent")), 1);
+        assert!(!node.dir.exists() && !node.socket.exists());
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -134,9 +134,19 @@ async fn serve(args: &Args, config: &'static crate::config::Config, node: Option
     }
     // Pod files left by pods whose bundles are gone (a reboot empties /run, not the disk).
     let files_root = config.pod.files_root.clone();
-    tokio::task::spawn_blocking(move || match crate::pod::files::sweep_orphans(&files_root) {
-        0 => {}
-        n => tracing::info!(removed = n, "swept files of pods whose bundles are gone"),
+    // And node servers' directories that nothing will release any more (see crate::node).
+    let socket_dir = args.socket.as_ref().and_then(|s| s.parent()).map(Path::to_path_buf);
+    tokio::task::spawn_blocking(move || {
+        match crate::pod::files::sweep_orphans(&files_root) {
+            0 => {}
+            n => tracing::info!(removed = n, "swept files of pods whose bundles are gone"),
+        }
+        if let Some(socket_dir) = socket_dir {
+            match NodeServer::sweep_dead(Path::new(crate::node::NODE_DIR), &socket_dir) {
+                0 => {}
+                n => tracing::info!(removed = n, "swept directories of dead node servers"),
+            }
+        }
     });
 
     let mut term = signal(SignalKind::terminate()).context(|| "watch SIGTERM".into())?;

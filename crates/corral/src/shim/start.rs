@@ -87,7 +87,7 @@ fn mode(config: &crate::config::Config) -> Mode {
 fn start_node(args: &Args, node: &NodeServer, options: Option<&RuntimeOptions>, bundle: &Path) -> Result<()> {
     let _lock = node.lock()?;
     node.register(&args.id, bundle)?;
-    let started = node.save_marker(bundle).and_then(|()| {
+    let started = node.save_marker(bundle).and_then(|()| node.save_socket_path()).and_then(|()| {
         if let Some(options) = options {
             options.save(&node.dir)?;
         }
