@@ -333,3 +333,41 @@ async fn the_corral_node_handler_serves_its_pods_from_one_server_beside_per_pod_
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_stays_for_a_pod_start_registered_while_its_last_pod_goes() -> Result<()> {
+    // Below CRI, the order containerd can produce when one pod goes as another comes: `start`
+    // for pod b answers (b registered, the server reused) before b's CreateSandbox arrives, and
+    // meanwhile the server's last pod, a, is shut down. The server must stay for b.
+    use containerd_shim_protos::sandbox_api::ShutdownSandboxRequest;
+    use corral_rig::cri::pod_config;
+    use corral_rig::direct::{ctx, DirectShim, TestNetns};
+    let tag = std::process::id();
+    let address = PathBuf::from(format!("/run/corral-rig/direct/window-{tag}.sock"));
+    let node = [("CORRAL_MODE", "node")];
+    let a = DirectShim::start_with(&format!("window-a-{tag}"), &address, &node).await?;
+    let netns_a = TestNetns::new(&format!("crl-wa-{tag}"))?;
+    a.run_pod(&pod_config("a", &a.dir), &netns_a.path.display().to_string()).await?;
+    let server = probe::shim_of(&a.id).context("node server")?;
+
+    let b = DirectShim::start_with(&format!("window-b-{tag}"), &address, &node).await?;
+    assert_eq!(b.socket, a.socket, "b was given the same server");
+    let shutdown = ShutdownSandboxRequest { sandbox_id: a.id.clone(), ..Default::default() };
+    a.sandbox.shutdown_sandbox(ctx(), &shutdown).await?;
+    // The server checks for idleness right after the shutdown and every 15 s; give it time
+    // to do the wrong thing (leave), then b's CreateSandbox must find it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(alive(server), "the server left although pod b was registered");
+    let netns_b = TestNetns::new(&format!("crl-wb-{tag}"))?;
+    let holder = b.run_pod(&pod_config("b", &b.dir), &netns_b.path.display().to_string()).await?;
+    assert!(alive(holder));
+    assert_eq!(probe::shim_of(&b.id), Some(server));
+
+    // b gone too: now the server leaves.
+    let shutdown = ShutdownSandboxRequest { sandbox_id: b.id.clone(), ..Default::default() };
+    b.sandbox.shutdown_sandbox(ctx(), &shutdown).await?;
+    eventually(corral_rig::scaled(Duration::from_secs(5)), || {
+        alive(server).then(|| "the server outlived its last pod".into())
+    })
+    .await
+}

@@ -53,6 +53,8 @@ pub struct DirectShim {
     pub id: String,
     pub dir: PathBuf,
     pub bundle: PathBuf,
+    /// The containerd address `start` was given (part of a node server's key).
+    pub address: PathBuf,
     pub socket: PathBuf,
     pub sandbox: SandboxClient,
     pub task: TaskClient,
@@ -78,31 +80,39 @@ pub fn ctx() -> ttrpc::context::Context {
 impl DirectShim {
     /// Runs `start` in a fresh bundle, as containerd would, and connects.
     pub async fn start(id: &str) -> Result<DirectShim> {
+        // A containerd address of its own (nothing listens there): in node mode the server is
+        // per address, so each test gets its own, as each Rig has its own containerd, and a test
+        // that kills its server ends no other test's pods.
+        let address = PathBuf::from("/run/corral-rig/direct").join(id).join("containerd.sock");
+        DirectShim::start_with(id, &address, &[]).await
+    }
+
+    /// [`DirectShim::start`] with a given containerd address and environment (e.g.
+    /// `CORRAL_MODE=node`): node-mode shims started with one address share one server.
+    pub async fn start_with(id: &str, address: &Path, env: &[(&str, &str)]) -> Result<DirectShim> {
         let dir = PathBuf::from("/run/corral-rig/direct").join(id);
         let _ = std::fs::remove_dir_all(&dir);
         let bundle = dir.join("bundle");
         std::fs::create_dir_all(bundle.join("rootfs"))?;
-        // A containerd address of its own (nothing listens there): in node mode the server is
-        // per address, so each test gets its own, as each Rig has its own containerd, and a test
-        // that kills its server ends no other test's pods.
-        let address = dir.join("containerd.sock");
         let out = Command::new(shim_binary())
             .args(["-namespace", NAMESPACE, "-address"])
-            .arg(&address)
+            .arg(address)
             .args(["-publish-binary", "/bin/true", "-id", id, "start"])
+            .envs(env.iter().copied())
             .current_dir(&bundle)
             .output()?;
         if !out.status.success() {
             bail!("start: {}", String::from_utf8_lossy(&out.stderr));
         }
         let reply: serde_json::Value = serde_json::from_slice(&out.stdout).context("start prints JSON")?;
-        let address = reply["address"].as_str().context("address")?.to_string();
-        let socket = PathBuf::from(address.trim_start_matches("unix://"));
-        let client = ttrpc::asynchronous::Client::connect(&address).await?;
+        let served_at = reply["address"].as_str().context("address")?.to_string();
+        let socket = PathBuf::from(served_at.trim_start_matches("unix://"));
+        let client = ttrpc::asynchronous::Client::connect(&served_at).await?;
         Ok(DirectShim {
             id: id.into(),
             dir,
             bundle,
+            address: address.to_path_buf(),
             socket,
             sandbox: SandboxClient::new(client.clone()),
             task: TaskClient::new(client),
@@ -155,10 +165,9 @@ impl DirectShim {
     /// Runs the `delete` subcommand for `id` with `bundle`, as containerd does; returns the
     /// exit status of the command and the bytes it printed.
     pub fn delete_command(&self, id: &str, bundle: &Path) -> Result<(bool, Vec<u8>)> {
-        let address = self.dir.join("containerd.sock");
         let out = Command::new(shim_binary())
             .args(["-namespace", NAMESPACE, "-address"])
-            .arg(&address)
+            .arg(&self.address)
             .args(["-publish-binary", "/bin/true", "-id", id, "-bundle"])
             .arg(bundle)
             .arg("delete")
