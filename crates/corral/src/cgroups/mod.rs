@@ -188,7 +188,17 @@ impl PodCgroup {
             return Ok(());
         };
         let path = dir.join(file);
-        std::fs::write(&path, value).with_path(&format!("write {value:?} to"), &path)
+        let mut written = std::fs::write(&path, value);
+        // On v2 the file exists only while the parent enables its controller, and systemd takes
+        // a slice's controllers back when it re-realizes the slice and no unit in it asked for
+        // them (seen in the VM as EACCES: the file is gone, and cgroupfs refuses to create it):
+        // enable them again and write once more.
+        if let (Err(_), Mode::V2(root)) = (&written, &self.mode) {
+            tracing::debug!(file = %path.display(), "controller file missing; enabling the controllers again");
+            enable_controllers(root, &self.rel);
+            written = std::fs::write(&path, value);
+        }
+        written.with_path(&format!("write {value:?} to"), &path)
     }
 
     /// Removes the cgroup (its processes must be gone). Missing directories are fine.
