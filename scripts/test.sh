@@ -9,4 +9,6 @@ cargo build --workspace --bins
 # e2e tests each start their own containerd; two at a time fits a 2-core machine.
 cargo test --workspace -- --test-threads=2
 echo "test.sh: the end-to-end suite in node mode"
-CORRAL_MODE=node cargo test -p corral-e2e -- --test-threads=2
+# The same package selection as above (only corral-e2e has integration tests): `-p corral-e2e`
+# alone unifies features differently and would build every test binary a second time.
+CORRAL_MODE=node cargo test --workspace --test "*" -- --test-threads=2
