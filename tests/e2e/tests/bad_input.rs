@@ -178,9 +178,7 @@ async fn bad_requests_get_precise_errors_and_leave_nothing() -> Result<()> {
     shim.sandbox
         .stop_sandbox(ctx(), &StopSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
         .await?;
-    shim.sandbox
-        .shutdown_sandbox(ctx(), &ShutdownSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
-        .await?;
+    shim.shutdown_sandbox().await?;
     let (ok, _) = shim.delete_command(&id, &shim.bundle)?;
     assert!(ok);
     assert!(probe::mounts_containing(&id).is_empty());

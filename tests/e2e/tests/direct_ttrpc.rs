@@ -107,9 +107,7 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
         .sandbox_status(ctx(), &SandboxStatusRequest { sandbox_id: id.clone(), ..Default::default() })
         .await?;
     assert_eq!(status.state, "SANDBOX_NOTREADY");
-    shim.sandbox
-        .shutdown_sandbox(ctx(), &ShutdownSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
-        .await?;
+    shim.shutdown_sandbox().await?;
     let socket = shim.socket.clone();
     eventually(Duration::from_secs(3), || {
         socket.exists().then(|| "socket still there: the shim did not exit".into())
@@ -215,9 +213,7 @@ async fn stdin_reaches_the_process_and_close_io_ends_it_and_file_stdio_works() -
     assert_eq!(waited.exit_status, 0);
     drop(writer);
     shim.task.delete(ctx(), &DeleteRequest { id: cid.clone(), ..Default::default() }).await?;
-    shim.sandbox
-        .shutdown_sandbox(ctx(), &ShutdownSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
-        .await?;
+    shim.shutdown_sandbox().await?;
     Ok(())
 }
 
@@ -341,8 +337,6 @@ async fn file_output_goes_through_a_pipe_and_is_all_in_the_file_when_the_exit_is
     assert_log("the init's log", &read_log("init.log")?, &(seq(LINES) + "tail-on-stderr\n"));
     drop(writer);
     shim.task.delete(ctx(), &DeleteRequest { id: cid.clone(), ..Default::default() }).await?;
-    shim.sandbox
-        .shutdown_sandbox(ctx(), &ShutdownSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
-        .await?;
+    shim.shutdown_sandbox().await?;
     Ok(())
 }

@@ -339,9 +339,8 @@ async fn the_server_stays_for_a_pod_start_registered_while_its_last_pod_goes() -
     // Below CRI, the order containerd can produce when one pod goes as another comes: `start`
     // for pod b answers (b registered, the server reused) before b's CreateSandbox arrives, and
     // meanwhile the server's last pod, a, is shut down. The server must stay for b.
-    use containerd_shim_protos::sandbox_api::ShutdownSandboxRequest;
     use corral_rig::cri::pod_config;
-    use corral_rig::direct::{ctx, DirectShim, TestNetns};
+    use corral_rig::direct::{DirectShim, TestNetns};
     let tag = std::process::id();
     let address = PathBuf::from(format!("/run/corral-rig/direct/window-{tag}.sock"));
     let node = [("CORRAL_MODE", "node")];
@@ -352,8 +351,7 @@ async fn the_server_stays_for_a_pod_start_registered_while_its_last_pod_goes() -
 
     let b = DirectShim::start_with(&format!("window-b-{tag}"), &address, &node).await?;
     assert_eq!(b.socket, a.socket, "b was given the same server");
-    let shutdown = ShutdownSandboxRequest { sandbox_id: a.id.clone(), ..Default::default() };
-    a.sandbox.shutdown_sandbox(ctx(), &shutdown).await?;
+    a.shutdown_sandbox().await?;
     // The server checks for idleness right after the shutdown and every 15 s; give it time
     // to do the wrong thing (leave), then b's CreateSandbox must find it.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -364,8 +362,7 @@ async fn the_server_stays_for_a_pod_start_registered_while_its_last_pod_goes() -
     assert_eq!(probe::shim_of(&b.id), Some(server));
 
     // b gone too: now the server leaves.
-    let shutdown = ShutdownSandboxRequest { sandbox_id: b.id.clone(), ..Default::default() };
-    b.sandbox.shutdown_sandbox(ctx(), &shutdown).await?;
+    b.shutdown_sandbox().await?;
     eventually(corral_rig::scaled(Duration::from_secs(5)), || {
         alive(server).then(|| "the server outlived its last pod".into())
     })

@@ -127,7 +127,6 @@ async fn a_recursive_read_only_mount_is_read_only_in_its_submounts() -> Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corral_gives_runc_the_rro_mount_cri_writes() -> Result<()> {
     use containerd_shim_protos::api::{CreateTaskRequest, DeleteRequest, StartRequest, WaitRequest};
-    use containerd_shim_protos::sandbox_api::ShutdownSandboxRequest;
     use corral_rig::direct::{container_bundle, ctx, DirectShim};
 
     let id = format!("rro-{}", std::process::id());
@@ -166,8 +165,6 @@ async fn corral_gives_runc_the_rro_mount_cri_writes() -> Result<()> {
     assert_ne!(read("top.code").trim(), "0", "a write into the mount succeeded");
     assert!(!source.0.join("sub/written").exists());
     shim.task.delete(ctx(), &DeleteRequest { id: cid.clone(), ..Default::default() }).await?;
-    shim.sandbox
-        .shutdown_sandbox(ctx(), &ShutdownSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
-        .await?;
+    shim.shutdown_sandbox().await?;
     Ok(())
 }

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use anyhow::Result;
 use containerd_shim_protos::api::*;
-use containerd_shim_protos::sandbox_api::ShutdownSandboxRequest;
 use corral_rig::direct::{container_bundle, ctx, DirectShim};
 use corral_rig::{eventually, probe};
 
@@ -107,9 +106,7 @@ async fn a_binary_logger_gets_both_streams_and_the_ids_and_ends_with_the_process
     let left = probe::pids_with_cmdline(&marker);
     assert!(left.is_empty(), "the stuck logger was left running: {left:?}");
 
-    shim.sandbox
-        .shutdown_sandbox(ctx(), &ShutdownSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
-        .await?;
+    shim.shutdown_sandbox().await?;
     Ok(())
 }
 
@@ -173,8 +170,6 @@ async fn a_tty_container_gets_its_input_and_close_io_hangs_its_terminal_up() -> 
         .unwrap_err();
     assert!(err.to_string().contains("hung up"), "{err}");
     shim.task.delete(ctx(), &DeleteRequest { id: cid.clone(), ..Default::default() }).await?;
-    shim.sandbox
-        .shutdown_sandbox(ctx(), &ShutdownSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
-        .await?;
+    shim.shutdown_sandbox().await?;
     Ok(())
 }

@@ -8,9 +8,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use containerd_shim_protos::sandbox_api::ShutdownSandboxRequest;
 use corral_rig::cri::{container_config, pod_config, Cri};
-use corral_rig::direct::{ctx, DirectShim, TestNetns};
+use corral_rig::direct::{DirectShim, TestNetns};
 use corral_rig::{eventually, probe, Options, Rig};
 
 const KEYS: [&str; 4] = [
@@ -140,8 +139,6 @@ async fn a_sysctl_of_an_interface_with_a_dot_in_its_name_reaches_its_file_in_bot
     assert_eq!(read("forwarding")?, "1");
     assert_eq!(read("rp_filter")?, "2");
 
-    shim.sandbox
-        .shutdown_sandbox(ctx(), &ShutdownSandboxRequest { sandbox_id: id.clone(), ..Default::default() })
-        .await?;
+    shim.shutdown_sandbox().await?;
     Ok(())
 }

@@ -162,6 +162,14 @@ impl DirectShim {
         Ok((bundle, pid))
     }
 
+    /// ShutdownSandbox of this shim's pod: what ends a test's pod (and, per pod, its server).
+    pub async fn shutdown_sandbox(&self) -> Result<()> {
+        use containerd_shim_protos::sandbox_api::ShutdownSandboxRequest;
+        let request = ShutdownSandboxRequest { sandbox_id: self.id.clone(), ..Default::default() };
+        self.sandbox.shutdown_sandbox(ctx(), &request).await?;
+        Ok(())
+    }
+
     /// Runs the `delete` subcommand for `id` with `bundle`, as containerd does; returns the
     /// exit status of the command and the bytes it printed.
     pub fn delete_command(&self, id: &str, bundle: &Path) -> Result<(bool, Vec<u8>)> {
