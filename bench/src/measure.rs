@@ -79,3 +79,38 @@ pub fn percentile(values: &[f64], p: f64) -> f64 {
     let rank = ((p / 100.0) * v.len() as f64).ceil().max(1.0) as usize;
     v[rank.min(v.len()) - 1]
 }
+
+/// CPU time the whole machine spent busy (every state but idle and iowait), in ms, from the
+/// first line of /proc/stat (USER_HZ ticks: 10 ms each, fine for phases of seconds).
+pub fn machine_busy_ms() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is already counted in user)
+    let busy: f64 =
+        ticks.iter().take(8).enumerate().filter(|(i, _)| *i != 3 && *i != 4).map(|(_, t)| t).sum();
+    busy * tick_ms()
+}
+
+/// CPU time of a process and of the children it has reaped (for containerd: the CNI plugins and
+/// each shim's `start` and `delete` runs; not the shims that keep running), in ms.
+pub fn with_reaped_children_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may hold spaces: utime is the
+    // 14th field of the line, the 12th after the ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let ticks: f64 = rest.split_whitespace().skip(11).take(4).filter_map(|f| f.parse::<f64>().ok()).sum();
+    ticks * tick_ms()
+}
+
+fn tick_ms() -> f64 {
+    // SAFETY: sysconf reads a constant of the system and has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    1000.0 / if hz > 0 { hz as f64 } else { 100.0 }
+}
