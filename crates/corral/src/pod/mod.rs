@@ -19,6 +19,7 @@ use nix::sys::signal::Signal;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
+use crate::cgroups::oom::PodOomLedger;
 use crate::cgroups::{Mode, PodCgroup};
 use crate::error::{Error, Result};
 use crate::holder::{pins, Holder, HolderSpec, SysctlWrite};
@@ -51,6 +52,8 @@ pub struct Pod {
     runc: Runc,
     /// The server, recorded for `delete`.
     served_by: ServedBy,
+    /// The OOM kills of the pod's cgroup its containers' watches have reported.
+    pub oom_ledger: Arc<PodOomLedger>,
 }
 
 impl Pod {
@@ -115,6 +118,7 @@ impl Pod {
             containers: Mutex::new(HashMap::new()),
             runc,
             served_by,
+            oom_ledger: Arc::default(),
         };
         if let Err(e) = pod.save_record() {
             undo.holder = Some(pod.holder);

@@ -52,10 +52,12 @@ struct ProcessDetails {
     exec_id: String,
 }
 
-/// Publishes `/tasks/oom` for each OOM kill in the container's cgroup while its init lives.
-fn watch_oom(events: Publisher, c: &Arc<Container>) {
+/// Publishes `/tasks/oom` for each OOM kill in the container's cgroup while its init lives, and
+/// once more for a kill found when it has exited.
+fn watch_oom(events: Publisher, pod: &Pod, c: &Arc<Container>) {
     let Some(rel) = c.cgroup.clone() else { return };
-    let watch = crate::cgroups::Mode::host().and_then(|mode| crate::cgroups::oom::OomWatch::new(mode, &rel));
+    let watch = crate::cgroups::Mode::host()
+        .and_then(|mode| crate::cgroups::oom::OomWatch::new(mode, &rel, &pod.oom_ledger));
     let mut watch = match watch {
         Ok(Some(w)) => w,
         Ok(None) => return,
@@ -73,16 +75,16 @@ fn watch_oom(events: Publisher, c: &Arc<Container>) {
                         tracing::info!(container = %id, oom_kills = n, "OOM kill");
                         events.publish(Event::oom(&id));
                     }
-                    None => return,
+                    // The cgroup is gone, so are its processes: the init's exit is near.
+                    None => break,
                 },
-                _ = init.wait() => {
-                    if watch.check_now().is_some() {
-                        tracing::info!(container = %id, "OOM kill");
-                        events.publish(Event::oom(&id));
-                    }
-                    return;
-                }
+                _ = init.wait() => break,
             }
+        }
+        let exit = init.wait().await;
+        if watch.check_at_exit(exit.status) {
+            tracing::info!(container = %id, "OOM kill");
+            events.publish(Event::oom(&id));
         }
     });
 }
@@ -127,7 +129,7 @@ impl TaskService {
             return Err(e);
         }
         watch_init_exit(self.shim.events.clone(), self.shim.runc.clone(), c.clone());
-        watch_oom(self.shim.events.clone(), &c);
+        watch_oom(self.shim.events.clone(), &pod, &c);
         let pid = c.init.pid();
         self.shim.events.publish(Event::create(&c.id, &req.bundle, pid));
         tracing::info!(sandbox = %pod.id, container = %c.id, pid, "container created");
