@@ -96,7 +96,18 @@ impl Cri {
         pod_config: &PodSandboxConfig,
         config: &ContainerConfig,
     ) -> Result<String> {
-        let id = self
+        let id = self.create_container(pod, pod_config, config).await?;
+        self.start_container(&id).await?;
+        Ok(id)
+    }
+
+    pub async fn create_container(
+        &mut self,
+        pod: &str,
+        pod_config: &PodSandboxConfig,
+        config: &ContainerConfig,
+    ) -> Result<String> {
+        Ok(self
             .runtime
             .create_container(CreateContainerRequest {
                 pod_sandbox_id: pod.into(),
@@ -106,12 +117,15 @@ impl Cri {
             .await
             .map_err(failed("CreateContainer"))?
             .into_inner()
-            .container_id;
+            .container_id)
+    }
+
+    pub async fn start_container(&mut self, id: &str) -> Result<()> {
         self.runtime
-            .start_container(StartContainerRequest { container_id: id.clone() })
+            .start_container(StartContainerRequest { container_id: id.into() })
             .await
             .map_err(failed("StartContainer"))?;
-        Ok(id)
+        Ok(())
     }
 
     pub async fn container_status(&mut self, id: &str) -> Result<ContainerStatusResponse> {

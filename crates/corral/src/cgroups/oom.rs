@@ -121,6 +121,12 @@ impl OomWatch {
         Ok(Some(OomWatch { fd, counter, seen, v2, pod, _control: control }))
     }
 
+    /// Reads the own count from nowhere from now on: what the test build's failpoint uses to
+    /// make the watch lose the race with a cgroup's removal.
+    pub fn lose_own_count(&mut self) {
+        self.counter = self.counter.with_file_name("memory.events.lost");
+    }
+
     /// After the init exited with `status` (or the cgroup went, which needs its processes gone):
     /// whether an OOM kill is still to report. Reads the cgroup's own count if it is still there,
     /// else (v2) claims a kill of the pod's count no container's watch explained, if the init

@@ -182,14 +182,22 @@ pub async fn traced<T>(
 /// Test builds only: `CORRAL_FAILPOINT=<file>` where the file holds lines `panic <rpc> <id>`
 /// panics while serving those requests, so the end-to-end tests can check that a panic costs
 /// one request, not the server. (A file, so a test can name ids it learns as it runs.)
-#[cfg(debug_assertions)]
 fn failpoint(rpc: &str, id: &str) {
-    let Some(file) = std::env::var_os("CORRAL_FAILPOINT") else { return };
-    let text = std::fs::read_to_string(file).unwrap_or_default();
-    if text.lines().any(|l| l.split_whitespace().eq(["panic", rpc, id])) {
+    if failpoint_set(&["panic", rpc, id]) {
         panic!("failpoint {rpc} {id}");
     }
 }
 
+/// Test builds only: whether the failpoint file holds the line `words` (always false in a
+/// release build).
+#[cfg(debug_assertions)]
+pub(crate) fn failpoint_set(words: &[&str]) -> bool {
+    let Some(file) = std::env::var_os("CORRAL_FAILPOINT") else { return false };
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines().any(|l| l.split_whitespace().eq(words.iter().copied()))
+}
+
 #[cfg(not(debug_assertions))]
-fn failpoint(_: &str, _: &str) {}
+pub(crate) fn failpoint_set(_: &[&str]) -> bool {
+    false
+}

@@ -66,6 +66,11 @@ fn watch_oom(events: Publisher, pod: &Pod, c: &Arc<Container>) {
             return;
         }
     };
+    // Test builds: `lose-oom <container>` makes this watch lose every race for the container's
+    // own count, as when systemd removes its scope first.
+    if super::failpoint_set(&["lose-oom", &c.id]) {
+        watch.lose_own_count();
+    }
     let (id, init) = (c.id.clone(), c.init.clone());
     tokio::spawn(async move {
         loop {
