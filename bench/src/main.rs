@@ -180,7 +180,7 @@ async fn main() -> Result<()> {
     // 5. Throughput: `parallel` RunPodSandbox, 4 at a time; then containerd's growth with them.
     //    With more calls in flight than cores the wall time follows the CPU the node spends, so
     //    that is measured too: all of it, and containerd's share (with the CNI plugins and shim
-    //    `start` runs it reaps), which no sandbox implementation can take away.
+    //    `start` runs it reaps), which, but for `start`, no sandbox implementation can take away.
     let p = args.parallel;
     let mut wall = [0.0; 3];
     let mut growth = [0.0; 3];

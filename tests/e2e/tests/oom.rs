@@ -16,14 +16,7 @@ async fn a_container_over_its_memory_limit_is_reported_oom_killed() -> Result<()
     cfg.linux.as_mut().unwrap().cgroup_parent = rig.cgroup_parent("oom");
     let pod = cri.run_pod(&cfg, "corral").await?;
 
-    // The shell keeps 64 MiB in a variable under a 32 MiB limit.
-    let mut hog = container_config("hog", "x=$(head -c 67108864 /dev/zero | tr '\\0' a); echo survived");
-    hog.linux.as_mut().unwrap().resources = Some(LinuxContainerResources {
-        memory_limit_in_bytes: 32 << 20,
-        memory_swap_limit_in_bytes: 32 << 20,
-        ..Default::default()
-    });
-    let c = cri.run_container(&pod, &cfg, &hog).await?;
+    let c = cri.run_container(&pod, &cfg, &hog("hog")).await?;
     let code = cri.wait_exited(&c, Duration::from_secs(30)).await?;
     assert_eq!(code, 137);
     // The reason comes with the OOM event (v1: the memory.oom_control eventfd; v2: the
@@ -41,6 +34,17 @@ async fn a_container_over_its_memory_limit_is_reported_oom_killed() -> Result<()
     cri.remove_container(&c).await?;
     cri.stop_and_remove_pod(&pod).await?;
     Ok(())
+}
+
+/// A container whose shell keeps 64 MiB in a variable under a 32 MiB limit.
+fn hog(name: &str) -> k8s_cri::v1::ContainerConfig {
+    let mut hog = container_config(name, "x=$(head -c 67108864 /dev/zero | tr '\\0' a); echo survived");
+    hog.linux.as_mut().unwrap().resources = Some(LinuxContainerResources {
+        memory_limit_in_bytes: 32 << 20,
+        memory_swap_limit_in_bytes: 32 << 20,
+        ..Default::default()
+    });
+    hog
 }
 
 /// Waits for the container's exit and returns the reason CRI gives it once the OOM event, if
@@ -74,16 +78,6 @@ async fn a_kill_whose_cgroup_went_first_is_found_in_the_pod_and_given_once() -> 
     let mut cfg = rig.pod_config("oomlost");
     cfg.linux.as_mut().unwrap().cgroup_parent = rig.cgroup_parent("oomlost");
     let pod = cri.run_pod(&cfg, "corral").await?;
-    let hog = |name: &str| {
-        let mut hog = container_config(name, "x=$(head -c 67108864 /dev/zero | tr '\\0' a); echo survived");
-        hog.linux.as_mut().unwrap().resources = Some(LinuxContainerResources {
-            memory_limit_in_bytes: 32 << 20,
-            memory_swap_limit_in_bytes: 32 << 20,
-            ..Default::default()
-        });
-        hog
-    };
-
     // a: an OOM kill its own watch reads.
     let a = cri.run_container(&pod, &cfg, &hog("a")).await?;
     assert_eq!(settled_reason(&mut cri, &a).await?, "OOMKilled");
