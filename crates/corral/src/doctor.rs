@@ -4,6 +4,8 @@
 
 use std::path::Path;
 
+use crate::config::Driver;
+
 /// One finding: `Ok` lines inform, `Problem` lines fail the run.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Finding {
@@ -237,6 +239,33 @@ pub fn check_root_mount(mountinfo: &str) -> Finding {
 
 /// statfs f_type of `path` or of its nearest existing ancestor.
 // f_type is i64 on 64-bit Linux targets but narrower elsewhere.
+/// The systemd driver needs systemd, reachable on its private socket, for the holders' scopes:
+/// `init` is pid 1's name, `answer` systemd's version or why it could not be asked.
+pub fn check_systemd(
+    init: &str,
+    driver: Driver,
+    answer: impl FnOnce() -> Result<String, String>,
+) -> Option<Finding> {
+    let socket = crate::cgroups::scope::SYSTEMD_SOCKET;
+    if init != "systemd" {
+        return (driver == Driver::Systemd).then(|| {
+            problem(
+                format!("cgroup.driver = systemd, but pid 1 is {init:?}, not systemd"),
+                "set cgroup.driver = \"cgroupfs\" (or \"auto\")",
+            )
+        });
+    }
+    Some(match answer() {
+        Ok(version) => {
+            ok(format!("systemd {version} answers at {socket}: pods in slices get a holder scope"))
+        }
+        Err(e) => problem(
+            format!("systemd does not answer at {socket}: {e}"),
+            "pods whose cgroup_parent is a slice need it: run corral as root on the host's /run",
+        ),
+    })
+}
+
 #[allow(clippy::unnecessary_cast)]
 fn fs_type_of(path: &Path) -> Option<i64> {
     let existing = path.ancestors().find(|p| p.exists())?;
@@ -287,6 +316,10 @@ pub fn run(containerd_config: &Path) -> Vec<Finding> {
         Ok(_) => findings.push(ok("cgroup v1 (or hybrid)")),
         Err(e) => findings.push(problem(format!("cgroups: {e}"), "mount cgroupfs at /sys/fs/cgroup")),
     }
+    let init = std::fs::read_to_string("/proc/1/comm").unwrap_or_default();
+    let driver = crate::config::Config::load(None).map(|c| c.cgroup.driver).unwrap_or_default();
+    let answer = || crate::cgroups::scope::systemd_version().map_err(|e| e.to_string());
+    findings.extend(check_systemd(init.trim(), driver, answer));
     let pidfd = crate::sys::pidfd::PidFd::probe();
     findings.extend(check_kernel(Path::new("/proc/self/ns"), pidfd));
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
@@ -381,6 +414,18 @@ version = 3
         assert!(matches!(check_root_mount(disk), Finding::Ok(_)));
         let ramfs = "1 1 0:1 / / rw shared:1 - rootfs rootfs rw\n";
         assert!(problems(&[check_root_mount(ramfs)])[0].contains("initial ramfs"));
+    }
+
+    #[test]
+    fn the_systemd_driver_needs_systemd_to_answer() {
+        let asked = || -> Result<String, String> { panic!("systemd is not init: nothing to ask") };
+        assert!(check_systemd("init", Driver::Auto, asked).is_none());
+        let f = [check_systemd("init", Driver::Systemd, asked).unwrap()];
+        assert!(problems(&f)[0].contains("pid 1 is \"init\""), "{:?}", problems(&f));
+        let f = [check_systemd("systemd", Driver::Auto, || Ok("252.39-1~deb12u1".into())).unwrap()];
+        assert!(problems(&f).is_empty());
+        let f = [check_systemd("systemd", Driver::Auto, || Err("connection refused".into())).unwrap()];
+        assert!(problems(&f)[0].contains("connection refused"), "{:?}", problems(&f));
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The pod cgroup: the holder lives in `<cgroup_parent>/<sandbox id>` with the pod's resources;
+//! The pod cgroup: the holder lives in `<cgroup_parent>/<sandbox id>` (under systemd, in the scope
+//! `corral-<sandbox id>.scope` systemd made in the pod's slice) with the pod's resources;
 //! CRI's PodSandboxStats (2.1: reads cgroup_parent) and ContainerStats (Task.Stats) and the
 //! SandboxMetrics RPC (what containerd 2.4 calls) report the pod; the cgroup goes with the pod.
 
@@ -16,7 +17,8 @@ use k8s_cri::v1::{ContainerStatsRequest, LinuxContainerResources, PodSandboxStat
 
 /// On a cgroupfs node (v1 here) the parent is a path and the container's cgroup
 /// `<parent>/<id>`; on a systemd node (v2) a slice, and the container's cgroup the scope runc
-/// asked systemd for. The holder's is `<parent>/<sandbox id>` on both.
+/// asked systemd for. The holder's is `<parent>/<sandbox id>`, or the scope corral asked systemd
+/// for, whose resources outlive systemd re-reading its units.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_holder_lives_in_the_pod_cgroup_and_stats_report_the_pod() -> Result<()> {
     let rig = Rig::start(Options::default()).await?;
@@ -36,6 +38,16 @@ async fn the_holder_lives_in_the_pod_cgroup_and_stats_report_the_pod() -> Result
     assert_eq!(cgroup::of_pid(holder)?, sandbox_cg, "the holder's cgroup");
     assert_eq!(cgroup::memory_limit(&sandbox_cg)?, "268435456");
     assert_eq!(cgroup::cpu_share(&sandbox_cg)?, cgroup::expected_cpu_share(512), "cpu.shares / cpu.weight");
+    if cgroup::is_systemd() {
+        let scope = format!("corral-{pod}.scope");
+        assert_eq!(cgroup::units(&scope), vec![scope.clone()], "corral asked systemd for the holder's scope");
+        assert_eq!(cgroup::unit_property(&scope, "Slice")?, parent, "the scope is in the pod's slice");
+        // systemd re-realizes every unit's cgroup on a reload: what a unit of its own asked for
+        // stays (a directory systemd did not make could lose its controllers here).
+        cgroup::daemon_reload()?;
+        assert_eq!(cgroup::memory_limit(&sandbox_cg)?, "268435456", "after a daemon-reload");
+        assert_eq!(cgroup::cpu_share(&sandbox_cg)?, cgroup::expected_cpu_share(512), "after a daemon-reload");
+    }
 
     // A container that burns a little CPU and holds a little memory, then sleeps.
     let script = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; dd if=/dev/zero of=/dev/shm/ballast bs=1M count=8 2>/dev/null; exec sleep 1000";

@@ -82,9 +82,14 @@ pub fn parent_path(parent: &str) -> String {
     }
 }
 
-/// The holder's cgroup, where corral puts it: `<parent>/<sandbox id>`.
+/// The holder's cgroup, where corral puts it: `<parent>/<sandbox id>`, or under systemd the
+/// transient scope `corral-<sandbox id>.scope` in the pod's slice.
 pub fn pod_cgroup(parent: &str, sandbox: &str) -> String {
-    format!("{}/{sandbox}", parent_path(parent))
+    if parent.ends_with(".slice") && !parent.contains('/') {
+        format!("{}/corral-{sandbox}.scope", slice_path(parent))
+    } else {
+        format!("{}/{sandbox}", parent_path(parent))
+    }
 }
 
 /// The cgroup of container `id` of a pod with `parent`, as containerd and runc make it:
@@ -153,6 +158,20 @@ pub fn of_pid(pid: u32) -> Result<String> {
     let want = |l: &&str| if is_v2() { l.starts_with("0::") } else { l.split(':').nth(1) == Some("memory") };
     let line = text.lines().find(want).with_context(|| format!("no memory cgroup in {text:?}"))?;
     Ok(line.splitn(3, ':').nth(2).unwrap_or_default().to_string())
+}
+
+/// One property of a systemd unit (`systemctl show -p <name> --value`).
+pub fn unit_property(unit: &str, name: &str) -> Result<String> {
+    let out = Command::new("systemctl").args(["show", "-p", name, "--value", unit]).output()?;
+    anyhow::ensure!(out.status.success(), "systemctl show {unit}: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// `systemctl daemon-reload`: systemd reloads its units and re-realizes their cgroups.
+pub fn daemon_reload() -> Result<()> {
+    let status = Command::new("systemctl").arg("daemon-reload").status()?;
+    anyhow::ensure!(status.success(), "systemctl daemon-reload: {status}");
+    Ok(())
 }
 
 /// Loaded systemd units matching `pattern` (any state); none on a cgroupfs node.
@@ -252,6 +271,9 @@ mod tests {
             "/kubepods.slice/kubepods-pod1.slice/cri-containerd-c1.scope"
         );
         assert_eq!(container_cgroup("/corral-e2e/r1/p", "c1"), "/corral-e2e/r1/p/c1");
-        assert_eq!(pod_cgroup("kubepods-pod1.slice", "s"), "/kubepods.slice/kubepods-pod1.slice/s");
+        assert_eq!(
+            pod_cgroup("kubepods-pod1.slice", "s"),
+            "/kubepods.slice/kubepods-pod1.slice/corral-s.scope"
+        );
     }
 }

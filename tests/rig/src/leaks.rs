@@ -28,7 +28,7 @@ pub fn snapshot(rig: &Rig, containerd: u32) -> Vec<(&'static str, usize)> {
         ("holders", holders),
         ("runc containers", probe::corral_runc_containers().len()),
         ("pod parents, pod and container cgroups", cgroups),
-        // systemd nodes: pod slices and container scopes, in any state.
+        // systemd nodes: pod slices, container and holder scopes, in any state.
         ("systemd units", rig.units().len()),
         ("containerd fds", count(format!("/proc/{containerd}/fd"))),
         ("sandbox bundles", count(rig.state.join("io.containerd.sandbox.controller.v1.shim/k8s.io"))),

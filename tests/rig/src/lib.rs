@@ -382,12 +382,13 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
         }
     }
 
-    /// Loaded systemd units of pods: this rig's pod slices and every container scope
-    /// (`cri-containerd-*.scope`) on the node, whatever their state (a failed or abandoned
+    /// Loaded systemd units of pods: this rig's pod slices, every container scope
+    /// (`cri-containerd-*.scope`) and every holder scope (`corral-*.scope`) on the node, whatever their state (a failed or abandoned
     /// scope is a leak too). None on a cgroupfs node.
     pub fn units(&self) -> Vec<String> {
         let mut units = cgroup::units(&format!("{}*", self.slice_prefix()));
         units.extend(cgroup::units("cri-containerd-*.scope"));
+        units.extend(cgroup::units("corral-*.scope"));
         units
     }
 

@@ -1,6 +1,7 @@
 //! The pod's cgroup: the holder lives in `<cgroup_parent>/<sandbox id>` (where containerd's pause
-//! container lived), carrying the pod's sandbox resources; metrics of the pod (`cgroup_parent`)
-//! and of containers are read from cgroupfs, on cgroup v1 (also hybrid) and v2.
+//! container lived), or under the systemd driver in the scope `corral-<sandbox id>.scope` of the
+//! pod's slice, carrying the pod's sandbox resources; metrics of the pod (`cgroup_parent`) and of
+//! containers are read from cgroupfs, on cgroup v1 (also hybrid) and v2.
 //!
 //! Hand-written rather than through `cgroups-rs`: corral needs mkdir, one write per controller
 //! and a handful of stat files, while cgroups-rs 0.5 adds 53 crates to the shim (a D-Bus stack and
@@ -8,6 +9,7 @@
 
 pub mod oom;
 pub mod path;
+pub mod scope;
 pub mod stats;
 
 use std::path::{Path, PathBuf};
@@ -111,11 +113,20 @@ fn parse_v1_mounts(mountinfo: &str, known: &[String]) -> Vec<(Vec<String>, PathB
     out
 }
 
-/// The holder's cgroup, created by corral and removed by it.
+/// The holder's cgroup, created by corral (or by systemd, for it) and removed by it.
 #[derive(Clone, Debug)]
 pub struct PodCgroup {
     pub rel: String,
     mode: Mode,
+    placement: Placement,
+}
+
+#[derive(Clone, Debug)]
+enum Placement {
+    /// A directory corral makes and removes.
+    Directory,
+    /// A transient scope of this name, in this slice, which systemd makes and removes.
+    Scope { unit: String, slice: String },
 }
 
 /// What the pod asks for its sandbox cgroup (LinuxPodSandboxConfig.resources).
@@ -128,11 +139,23 @@ pub struct Resources {
 }
 
 impl PodCgroup {
-    /// Creates `<parent>/<sandbox id>` in every hierarchy (`parent` a cgroupfs path, see
-    /// [`path::resolve_parent_as`]). Parents kubelet has not made yet are created too (and left
-    /// for kubelet, which owns them).
-    pub fn create(mode: &Mode, parent: &str, sandbox_id: &str) -> Result<PodCgroup> {
-        let rel = format!("{}/{}", parent.trim_end_matches('/'), sandbox_id);
+    /// Prepares the holder's cgroup under `parent` (a cgroupfs path, see
+    /// [`path::resolve_parent_as`]). Under the cgroupfs driver (`slice` None) this creates
+    /// `<parent>/<sandbox id>` in every hierarchy, and parents kubelet has not made yet (left for
+    /// kubelet, which owns them). Under the systemd driver (`slice` the pod's slice) it only names
+    /// the scope: systemd makes it in [`PodCgroup::adopt`].
+    pub fn create(mode: &Mode, parent: &str, slice: Option<&str>, sandbox_id: &str) -> Result<PodCgroup> {
+        let parent = parent.trim_end_matches('/');
+        if let Some(slice) = slice {
+            let unit = scope::unit_name(sandbox_id);
+            let rel = format!("{parent}/{unit}");
+            return Ok(PodCgroup {
+                rel,
+                mode: mode.clone(),
+                placement: Placement::Scope { unit, slice: slice.into() },
+            });
+        }
+        let rel = format!("{parent}/{sandbox_id}");
         for dir in mode.dirs(&rel) {
             std::fs::create_dir_all(&dir).with_path("create cgroup", &dir)?;
         }
@@ -142,10 +165,35 @@ impl PodCgroup {
         if let Some(cpuset) = mode.dir_of("cpuset", &rel).filter(|_| !mode.is_v2()) {
             inherit_cpuset(&cpuset)?;
         }
-        Ok(PodCgroup { rel, mode: mode.clone() })
+        Ok(PodCgroup { rel, mode: mode.clone(), placement: Placement::Directory })
     }
 
-    pub fn add(&self, pid: i32) -> Result<()> {
+    /// The systemd unit holding the cgroup, if systemd made it.
+    pub fn unit(&self) -> Option<&str> {
+        match &self.placement {
+            Placement::Directory => None,
+            Placement::Scope { unit, .. } => Some(unit),
+        }
+    }
+
+    /// Moves the holder `pid` in and applies the sandbox's resources. Blocking: under systemd
+    /// it waits for the scope's start job.
+    pub fn adopt(&self, pid: i32, sandbox_id: &str, res: &Resources) -> Result<()> {
+        match &self.placement {
+            Placement::Directory => {
+                self.add(pid)?;
+                self.apply(res)
+            }
+            Placement::Scope { unit, slice } => {
+                let pid = u32::try_from(pid).map_err(|_| Error::invalid(format!("holder pid {pid}")))?;
+                scope::start(unit, &scope::properties(self.mode.is_v2(), slice, sandbox_id, pid, res))?;
+                tracing::debug!(unit, slice, "holder scope started");
+                Ok(())
+            }
+        }
+    }
+
+    fn add(&self, pid: i32) -> Result<()> {
         for dir in self.mode.dirs(&self.rel) {
             let procs = dir.join("cgroup.procs");
             std::fs::write(&procs, pid.to_string()).with_path("join", &procs)?;
@@ -155,7 +203,7 @@ impl PodCgroup {
 
     /// Applies the sandbox's resources; containerd gives the pause container 2 CPU shares when
     /// the pod says nothing, and so does corral.
-    pub fn apply(&self, res: &Resources) -> Result<()> {
+    fn apply(&self, res: &Resources) -> Result<()> {
         let shares = res.cpu_shares.unwrap_or(2);
         match &self.mode {
             Mode::V1(_) => {
@@ -188,27 +236,27 @@ impl PodCgroup {
             return Ok(());
         };
         let path = dir.join(file);
-        let mut written = std::fs::write(&path, value);
-        // On v2 the file exists only while the parent enables its controller, and systemd takes
-        // a slice's controllers back when it re-realizes the slice and no unit in it asked for
-        // them (seen in the VM as EACCES: the file is gone, and cgroupfs refuses to create it):
-        // enable them again and write once more.
-        if let (Err(_), Mode::V2(root)) = (&written, &self.mode) {
-            tracing::debug!(file = %path.display(), "controller file missing; enabling the controllers again");
-            enable_controllers(root, &self.rel);
-            written = std::fs::write(&path, value);
-        }
-        written.with_path(&format!("write {value:?} to"), &path)
+        std::fs::write(&path, value).with_path(&format!("write {value:?} to"), &path)
     }
 
-    /// Removes the cgroup (its processes must be gone). Missing directories are fine.
+    /// Removes the cgroup (its processes must be gone; a scope's are killed). Missing
+    /// directories and units are fine.
     pub async fn remove(&self) -> Result<()> {
+        if let Some(unit) = self.unit().map(str::to_string) {
+            // Blocking D-Bus exchange: off the runtime's one thread.
+            tokio::task::spawn_blocking(move || scope::stop(&unit))
+                .await
+                .map_err(|e| Error::Internal(format!("stop the holder's scope: {e}")))??;
+        }
         remove_dirs(&self.mode, &self.rel).await
     }
 
     /// Removes the cgroup once, without waiting: for a failed creation, whose holder has been
     /// reaped already.
     pub fn remove_now(&self) -> Result<()> {
+        if let Some(unit) = self.unit() {
+            scope::stop(unit)?;
+        }
         self.mode.dirs(&self.rel).iter().try_for_each(|dir| remove_dir(dir).with_path("remove cgroup", dir))
     }
 }
@@ -240,10 +288,9 @@ fn remove_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// cgroup v2 gives a new cgroup only the controllers its parent enables in
-/// `cgroup.subtree_control`, and nothing enables them below a cgroup kubelet (or systemd, for
-/// a slice no unit in it has asked for them yet) made: enable every available controller on
-/// each ancestor of `rel`, from the root down, as runc does for the containers' cgroups. Each
-/// controller is asked for separately and refusals are left to show where a limit is written
+/// `cgroup.subtree_control`, and nothing enables them below a cgroup kubelet made: enable
+/// every available controller on each ancestor of `rel`, from the root down, as runc does for
+/// the containers' cgroups. Each controller is asked for separately and refusals are left to show where a limit is written
 /// (a cgroup holding processes cannot enable any: the "no internal processes" rule).
 fn enable_controllers(root: &Path, rel: &str) {
     let mut dir = root.to_path_buf();

@@ -31,11 +31,17 @@ pub fn expand_slice(slice: &str) -> Result<String> {
     Ok(path)
 }
 
+/// Whether a pod's `cgroup_parent` names a systemd slice (the systemd driver's form) rather than
+/// a cgroupfs path.
+pub fn is_slice(parent: &str) -> bool {
+    parent.ends_with(".slice") && !parent.contains('/')
+}
+
 /// The pod's `cgroup_parent` as a cgroupfs path. Refuses `..` and relative paths, so a pod
 /// cannot point corral outside the cgroup tree; a forced driver refuses the other form.
 pub fn resolve_parent_as(parent: &str, driver: Driver) -> Result<String> {
     let field = "PodSandboxConfig.linux.cgroup_parent";
-    let slice = parent.ends_with(".slice") && !parent.contains('/');
+    let slice = is_slice(parent);
     match (driver, slice) {
         (Driver::Systemd, false) => {
             return Err(Error::invalid(format!(
@@ -52,7 +58,7 @@ pub fn resolve_parent_as(parent: &str, driver: Driver) -> Result<String> {
     if parent.split('/').any(|p| p == "..") {
         return Err(Error::invalid(format!("{field}: {parent:?} contains '..'")));
     }
-    if parent.ends_with(".slice") && !parent.contains('/') {
+    if slice {
         return expand_slice(parent).map_err(|e| Error::invalid(format!("{field}: {e}")));
     }
     if !parent.starts_with('/') {

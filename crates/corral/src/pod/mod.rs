@@ -64,7 +64,9 @@ impl Pod {
         let cgroup = match &spec.cgroup_parent_path {
             None => None,
             Some(parent) => {
-                let cg = PodCgroup::create(Mode::host()?, parent, id)?;
+                let slice = crate::cgroups::path::is_slice(&spec.cgroup_parent)
+                    .then_some(spec.cgroup_parent.as_str());
+                let cg = PodCgroup::create(Mode::host()?, parent, slice, id)?;
                 undo.cgroup = Some(cg.clone());
                 Some(cg)
             }
@@ -90,8 +92,7 @@ impl Pod {
                 .collect(),
         })?);
         if let Some(cg) = &cgroup {
-            cg.add(holder.pid)?;
-            cg.apply(&spec.resources)?;
+            cg.adopt(holder.pid, id, &spec.resources)?;
         }
         let mut kinds = Vec::new();
         if spec.network == NsMode::Pod {
@@ -227,6 +228,7 @@ impl Pod {
             holder_start: holder.start,
             files_dir: Some(self.paths.files.clone()),
             cgroup: self.cgroup.as_ref().map(|c| c.rel.clone()),
+            cgroup_unit: self.cgroup.as_ref().and_then(|c| c.unit()).map(str::to_string),
             runc_binary: self.runc.binary.clone(),
             runc_root: self.runc.root.clone(),
             containers,

@@ -31,6 +31,9 @@ pub struct Record {
     /// The holder's cgroup (a cgroupfs path), removed by `delete`.
     #[serde(default)]
     pub cgroup: Option<String>,
+    /// The systemd scope holding that cgroup (systemd driver), stopped by `delete`.
+    #[serde(default)]
+    pub cgroup_unit: Option<String>,
     pub runc_binary: PathBuf,
     pub runc_root: PathBuf,
     /// (container id, bundle)
@@ -88,6 +91,7 @@ mod tests {
             holder_start: 22,
             files_dir: Some("/var/lib/corral/pods/k8s.io/sb".into()),
             cgroup: Some("/kubepods/pod1/sb".into()),
+            cgroup_unit: None,
             runc_binary: "runc".into(),
             runc_root: "/run/corral/runc/k8s.io".into(),
             containers: vec![("c1".into(), "/b/c1".into())],

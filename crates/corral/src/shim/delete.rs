@@ -134,6 +134,14 @@ async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
         releases.spawn(async move { release_container(&runc, &cid, &bundle).await });
     }
     while releases.join_next().await.is_some() {}
+    if let Some(unit) = record.cgroup_unit.clone() {
+        // Kills what the holder's scope still holds and unloads it; blocking D-Bus exchange.
+        match tokio::task::spawn_blocking(move || crate::cgroups::scope::stop(&unit)).await {
+            Ok(Err(e)) => tracing::warn!(sandbox = id, error = %e, "delete: the holder's scope"),
+            Err(e) => tracing::warn!(sandbox = id, error = %e, "delete: the holder's scope"),
+            Ok(Ok(())) => {}
+        }
+    }
     if let (Some(rel), Ok(mode)) = (&record.cgroup, crate::cgroups::Mode::detect()) {
         let _ = crate::cgroups::remove_dirs(&mode, rel).await;
     }
