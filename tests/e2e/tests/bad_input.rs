@@ -11,7 +11,7 @@ use containerd_shim_protos::protobuf::MessageField;
 use containerd_shim_protos::sandbox_api::*;
 use corral_rig::cri::pod_config;
 use corral_rig::direct::{container_bundle, ctx, pod_options, DirectShim, TestNetns};
-use corral_rig::probe;
+use corral_rig::{cgroup, probe};
 
 /// The error's code name and message, as containerd would see them.
 fn status(err: ttrpc::Error) -> (String, String) {
@@ -45,10 +45,12 @@ async fn bad_requests_get_precise_errors_and_leave_nothing() -> Result<()> {
     bad_sysctl.linux.as_mut().unwrap().sysctls = HashMap::from([("net..x".to_string(), "1".to_string())]);
     let mut bad_cgroup = base.clone();
     bad_cgroup.linux.as_mut().unwrap().cgroup_parent = "/kubepods/../../etc".into();
+    let mut slice = base.clone();
+    slice.linux.as_mut().unwrap().cgroup_parent = "corralbad.slice".into();
     let netns = TestNetns::new(&format!("crl-ns-{}", std::process::id()))?;
     let host_netns = netns.path.to_str().unwrap();
 
-    let cases: Vec<(&str, CreateSandboxRequest, &str, &str)> = vec![
+    let mut cases: Vec<(&str, CreateSandboxRequest, &str, &str)> = vec![
         (
             "no options",
             create(MessageField::none(), host_netns, &shim.bundle),
@@ -104,6 +106,11 @@ async fn bad_requests_get_precise_errors_and_leave_nothing() -> Result<()> {
             "bundle_path",
         ),
     ];
+    if !cgroup::systemd_is_init() {
+        // A slice is the systemd driver's form; the holder's scope needs systemd to answer.
+        let req = create(pod_options(&slice), host_netns, &shim.bundle);
+        cases.push(("slice without systemd", req, "NOT_FOUND", "reach systemd at /run/systemd/private"));
+    }
     for (what, req, code, needle) in cases {
         let err = shim.sandbox.create_sandbox(ctx(), &req).await.expect_err(what);
         let (got_code, message) = status(err);

@@ -54,7 +54,8 @@ pub fn is_v2() -> bool {
     statfs(ROOT).is_ok_and(|s| s.filesystem_type() == CGROUP2_SUPER_MAGIC)
 }
 
-fn systemd_is_init() -> bool {
+/// Whether systemd is pid 1 here.
+pub fn systemd_is_init() -> bool {
     std::fs::read_to_string("/proc/1/comm").is_ok_and(|c| c.trim() == "systemd")
 }
 
