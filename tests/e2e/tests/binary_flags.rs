@@ -6,6 +6,7 @@ use std::process::{Command, Stdio};
 use anyhow::Result;
 use containerd_shim_protos::protobuf::Message;
 use containerd_shim_protos::types::introspection::RuntimeInfo;
+use corral_rig::cgroup;
 use corral_rig::direct::shim_binary;
 
 #[test]
@@ -112,5 +113,16 @@ fn doctor_passes_this_node_and_finds_broken_setups() -> Result<()> {
 
     let (ok, out) = doctor(HANDLER, &[("CORRAL_RUNC", "/nonexistent/runc")])?;
     assert!(!ok && out.contains("\"/nonexistent/runc\" cannot be run"), "{out}");
+
+    // The systemd driver needs systemd to answer on its private socket (the holders' scopes).
+    let forced = std::env::temp_dir().join(format!("corral-doctor-systemd-{}.toml", std::process::id()));
+    std::fs::write(&forced, "[cgroup]\ndriver = \"systemd\"\n")?;
+    let (ok, out) = doctor(HANDLER, &[("CORRAL_CONFIG", forced.to_str().unwrap())])?;
+    std::fs::remove_file(&forced)?;
+    if cgroup::systemd_is_init() {
+        assert!(ok && out.contains("answers at /run/systemd/private"), "{out}");
+    } else {
+        assert!(!ok && out.contains("cgroup.driver = systemd, but pid 1 is"), "{out}");
+    }
     Ok(())
 }
