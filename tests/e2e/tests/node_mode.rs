@@ -186,10 +186,12 @@ async fn a_panic_fails_one_request_and_the_server_serves_on() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_runtime_call_of_one_pod_does_not_hold_up_the_others() -> Result<()> {
-    // runc behind a wrapper that stalls `create` for containers named "slow".
+    // runc behind a wrapper that stalls `create` for containers named "slow" until the test
+    // releases it (not for a fixed time: serving pod b takes seconds under emulation).
     let wrapper_dir = PathBuf::from("/var/lib/corral-rig").join(format!("slow-runc-{}", std::process::id()));
     std::fs::create_dir_all(&wrapper_dir)?;
     let started = wrapper_dir.join("slow-started");
+    let release = wrapper_dir.join("slow-release");
     let wrapper = wrapper_dir.join("runc");
     std::fs::write(
         &wrapper,
@@ -202,11 +204,13 @@ for a in "$@"; do
   prev="$a"
 done
 if [ "$create" = 1 ] && grep -q '"io.kubernetes.cri.container-name":"slow"' "$bundle/config.json" 2>/dev/null; then
-  touch {started}; sleep 4
+  touch {started}
+  i=0; while [ ! -e {release} ] && [ $i -lt 3000 ]; do sleep 0.1; i=$((i+1)); done
 fi
 exec runc "$@"
 "#,
-            started = started.display()
+            started = started.display(),
+            release = release.display()
         ),
     )?;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
@@ -227,11 +231,19 @@ exec runc "$@"
         (!started.exists()).then(|| "the slow runc create has not begun".into())
     })
     .await?;
-    // While pod a's runc create stalls, pod b is served: status, exec, a new container.
-    assert_serves(&mut cri, &b, &cb).await?;
-    let cfg_b = rig.pod_config("quick");
-    let another = cri.run_container(&b, &cfg_b, &container_config("second", "exec sleep 1000")).await?;
-    assert!(!slow.is_finished(), "pod b's requests were served while pod a's runc create was still running");
+    // While pod a's runc create stalls, pod b is served: status, exec, a new container. Were
+    // they queued behind pod a's create, they would wait for the release below, which comes
+    // only after them: the timeout names that.
+    let serve_b = async {
+        assert_serves(&mut cri, &b, &cb).await?;
+        let cfg_b = rig.pod_config("quick");
+        cri.run_container(&b, &cfg_b, &container_config("second", "exec sleep 1000")).await
+    };
+    let another = tokio::time::timeout(corral_rig::scaled(Duration::from_secs(30)), serve_b)
+        .await
+        .context("pod b was not served while pod a's runc create was held")??;
+    assert!(!slow.is_finished(), "pod a's runc create is still held");
+    std::fs::write(&release, "")?;
     let slow_container = slow.await??;
     assert!(cri.container_pid(&slow_container).await? > 0);
     assert!(cri.container_pid(&another).await? > 0);
