@@ -42,6 +42,7 @@ async fn the_holder_lives_in_the_pod_cgroup_and_stats_report_the_pod() -> Result
         let scope = format!("corral-{pod}.scope");
         assert_eq!(cgroup::units(&scope), vec![scope.clone()], "corral asked systemd for the holder's scope");
         assert_eq!(cgroup::unit_property(&scope, "Slice")?, parent, "the scope is in the pod's slice");
+        assert_eq!(cgroup::unit_property(&scope, "KillSignal")?, "9", "a stop kills the holder at once");
         // systemd re-realizes every unit's cgroup on a reload: what a unit of its own asked for
         // stays (a directory systemd did not make could lose its controllers here).
         cgroup::daemon_reload()?;

@@ -36,6 +36,7 @@ pub fn unit_name(sandbox_id: &str) -> String {
 pub enum Value {
     Str(String),
     Bool(bool),
+    I32(i32),
     U64(u64),
     Pids(Vec<u32>),
 }
@@ -57,6 +58,10 @@ pub fn properties(
         ("PIDs", Value::Pids(vec![pid])),
         // Not ordered against shutdown.target and the like: kubelet, not systemd, ends pods.
         ("DefaultDependencies", Value::Bool(false)),
+        // The holder has nothing to flush, and as pid 1 of a shared pid namespace it would
+        // ignore SIGTERM: a stop (corral's, or an operator's `systemctl stop`) ends it at once
+        // instead of after systemd's 90 s stop timeout.
+        ("KillSignal", Value::I32(libc::SIGKILL)),
         ("CPUAccounting", Value::Bool(true)),
         ("MemoryAccounting", Value::Bool(true)),
         ("TasksAccounting", Value::Bool(true)),
@@ -117,6 +122,7 @@ fn encode_value(e: &mut Encoder, value: &Value) {
     match value {
         Value::Str(s) => e.variant("s", |e| e.string(s)),
         Value::Bool(b) => e.variant("b", |e| e.boolean(*b)),
+        Value::I32(v) => e.variant("i", |e| e.u32(*v as u32)),
         Value::U64(v) => e.variant("t", |e| e.u64(*v)),
         Value::Pids(pids) => e.variant("au", |e| e.array(4, |e| pids.iter().for_each(|p| e.u32(*p)))),
     }
