@@ -82,6 +82,7 @@ impl Container {
         pod: &PodContext,
     ) -> Result<Container> {
         crate::ids::validate("id", &req.id)?;
+        let began = std::time::Instant::now();
         if !req.checkpoint.is_empty() {
             return Err(Error::Unimplemented(
                 "checkpoint: restoring from a checkpoint is not supported".into(),
@@ -109,10 +110,12 @@ impl Container {
         let stdio = Stdio::checked(&req.stdin, &req.stdout, &req.stderr, req.terminal)?;
         let init = Arc::new(Process::new(&req.id, stdio));
 
+        let spec_done = began.elapsed();
         let rootfs_dir = bundle.join("rootfs");
         if !req.rootfs.is_empty() {
             rootfs::mount_rootfs(&req.rootfs, &rootfs_dir, userns.as_ref())?;
         }
+        let rootfs_done = began.elapsed();
         // The init is our child: keep the orphan reaper off until its pidfd claims it.
         let _busy = crate::sys::reaper::Busy::new();
         let created = async {
@@ -135,6 +138,16 @@ impl Container {
             let _ = rootfs::unmount_rootfs(&rootfs_dir);
             return Err(e);
         }
+        // Where a container's creation goes (the runtime's share is what an in-process
+        // runtime would replace): spec rewrite, rootfs mount, then the runtime's create.
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+        tracing::debug!(
+            container = %req.id,
+            spec_ms = ms(spec_done),
+            rootfs_ms = ms(rootfs_done - spec_done),
+            runtime_ms = ms(began.elapsed() - rootfs_done),
+            "created"
+        );
         Ok(Container {
             id: req.id.clone(),
             bundle,
