@@ -7,6 +7,7 @@
 
 mod measure;
 mod report;
+mod shimlog;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -215,7 +216,63 @@ async fn main() -> Result<()> {
     std::fs::write(args.out.join("bench.json"), serde_json::to_string_pretty(&report.json())?)?;
     std::fs::write(args.out.join("bench.svg"), report.svg())?;
     progress(&format!("wrote {}/bench.json and bench.svg", args.out.display()));
+    drop(cri);
+    drop(rig);
+    println!("{}", start_split(n).await?);
     Ok(())
+}
+
+/// Where a container start goes for each corral handler, from its servers' debug lines (every
+/// RPC's duration, and the runtime's share of Task.Create), on a second containerd: debug lines
+/// cost the servers CPU, so the figures above are measured without them. A pod to RUNNING is
+/// RunPodSandbox, then CRI's CreateContainer (Task.Create inside it) and StartContainer
+/// (Task.Start); the rest is CRI's and containerd's own work (from medians: approximate).
+async fn start_split(n: usize) -> Result<String> {
+    progress("where a container start goes: a second containerd, corral at debug level");
+    let options = Options {
+        env_remove: vec!["CORRAL_MODE".into()],
+        shim_env: vec!["CORRAL_LOG=debug".into()],
+        ..Default::default()
+    };
+    let rig = Rig::start(options).await?;
+    let mut cri = rig.cri().await?;
+    let corral = &HANDLERS[..2];
+    let mut containers: [Vec<String>; 2] = Default::default();
+    let mut sandbox: [Vec<f64>; 2] = Default::default();
+    let mut full: [Vec<f64>; 2] = Default::default();
+    for i in 0..n {
+        for (k, h) in corral.iter().enumerate() {
+            let started = Instant::now();
+            let (pod, cfg) = run_pod(&rig, &mut cri, h, &format!("split{i}")).await?;
+            sandbox[k].push(started.elapsed().as_secs_f64() * 1000.0);
+            containers[k]
+                .push(cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?);
+            full[k].push(started.elapsed().as_secs_f64() * 1000.0);
+            cri.stop_and_remove_pod(&pod).await?;
+        }
+    }
+    // Per-pod servers log through containerd (its stderr, the rig's log); the node server to
+    // its own file.
+    let mut text = std::fs::read_to_string(&rig.log).unwrap_or_default();
+    for entry in std::fs::read_dir(rig.dir.join("node-logs")).into_iter().flatten().flatten() {
+        text.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+    }
+    let mut out = format!(
+        "where a container start goes ({n} per handler, corral at debug level), p50 ms:\n  {:<12} {:>11} {:>23} {:>10} {:>41}\n",
+        "handler", "Task.Create", "of which runtime create", "Task.Start", "rest of pod to RUNNING (CRI, containerd)"
+    );
+    for (k, h) in corral.iter().enumerate() {
+        let split = shimlog::StartSplit::from_log(&text, &containers[k]);
+        let Some((create, runtime, start)) = split.medians() else {
+            out.push_str(&format!("  {h:<12} no debug lines found\n"));
+            continue;
+        };
+        let p50 = |v: &[f64]| measure::percentile(v, 50.0);
+        let rest = p50(&full[k]) - p50(&sandbox[k]) - create - start;
+        out.push_str(&format!("  {h:<12} {create:>11.1} {runtime:>23.1} {start:>10.2} {rest:>41.1}\n"));
+    }
+    out.push_str("  runc         (containerd's runc shim logs no such split)\n");
+    Ok(out)
 }
 
 async fn run_pod(
