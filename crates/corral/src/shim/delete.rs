@@ -136,10 +136,9 @@ async fn release_pod(id: &str, paths: &PodPaths, record: &Record) {
     while releases.join_next().await.is_some() {}
     if let Some(unit) = record.cgroup_unit.clone() {
         // Kills what the holder's scope still holds and unloads it; blocking D-Bus exchange.
-        match tokio::task::spawn_blocking(move || crate::cgroups::scope::stop(&unit)).await {
-            Ok(Err(e)) => tracing::warn!(sandbox = id, error = %e, "delete: the holder's scope"),
-            Err(e) => tracing::warn!(sandbox = id, error = %e, "delete: the holder's scope"),
-            Ok(Ok(())) => {}
+        let stopped = tokio::task::spawn_blocking(move || crate::cgroups::scope::stop(&unit)).await;
+        if let Err(e) = stopped.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+            tracing::warn!(sandbox = id, error = %e, "delete: the holder's scope");
         }
     }
     if let (Some(rel), Ok(mode)) = (&record.cgroup, crate::cgroups::Mode::detect()) {
