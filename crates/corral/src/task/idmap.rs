@@ -148,7 +148,7 @@ pub fn idmap_lowerdirs(
             Ok(path)
         }
         LayerPaths::Attached => {
-            let target = layers.attached.placeholder(true)?;
+            let target = layers.attached.placeholder(true, None)?;
             let opts = CopyOptions { readonly: true, ..Default::default() };
             mount_api::idmapped_copy(layer, &target, userns.fd(), opts)
                 .with_path(&format!("idmapped copy of lower layer {} on", layer.display()), &target)?;
@@ -187,6 +187,12 @@ impl PodUserns {
 
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.ns.as_fd()
+    }
+
+    /// The host uid and gid of the container's root, when the mappings map root.
+    pub fn root_owner(&self) -> Option<(u32, u32)> {
+        let host = |map: &[IdMapping]| map.iter().find(|m| m.container_id == 0).map(|m| m.host_id);
+        Some((host(&self.uids)?, host(&self.gids)?))
     }
 
     /// Refuses mappings other than the user namespace's own.
@@ -263,7 +269,7 @@ impl BindCopies {
             .map(PathBuf::from)
             .ok_or_else(|| Error::invalid(format!("{field}.source: missing or not a string")))?;
         let meta = std::fs::metadata(&source).with_path(&format!("{field}: stat source"), &source)?;
-        let target = self.placeholder(meta.is_dir())?;
+        let target = self.placeholder(meta.is_dir(), userns.root_owner())?;
         let opts = CopyOptions {
             recursive_clone: has_option(m, "rbind"),
             recursive_idmap: has_option(m, "ridmap"),
@@ -281,8 +287,11 @@ impl BindCopies {
         Ok(())
     }
 
-    /// A fresh empty file or directory to attach a copy on.
-    fn placeholder(&mut self, dir: bool) -> Result<PathBuf> {
+    /// A fresh empty file or directory to attach a copy on. The set's directory is 0700, owned
+    /// by `owner` when given: the host ids of the container's root, so that a runtime joining
+    /// the user namespace before it opens the mount sources (corral's builtin runtime does;
+    /// runc opens them first) can reach the copies, and no other host user can.
+    fn placeholder(&mut self, dir: bool, owner: Option<(u32, u32)>) -> Result<PathBuf> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let base = match &self.dir {
             Some(d) => d.clone(),
@@ -296,6 +305,10 @@ impl BindCopies {
                     .create(&d)
                     .with_path("create idmapped copies directory", &d)?;
                 self.dir = Some(d.clone());
+                if let Some((uid, gid)) = owner {
+                    std::os::unix::fs::lchown(&d, Some(uid), Some(gid))
+                        .with_path("chown idmapped copies directory", &d)?;
+                }
                 d
             }
         };
@@ -347,13 +360,13 @@ fn set_name(n: u64) -> String {
 /// The copies expose their sources (pod volumes: secrets, tokens) to whoever can walk to them:
 /// only root may, whatever the umask and whoever made the directory first.
 fn private_dir(dir: &Path) -> Result<()> {
-    std::fs::DirBuilder::new().mode(0o700).recursive(true).create(dir).with_path("create", dir)?;
+    std::fs::DirBuilder::new().mode(0o711).recursive(true).create(dir).with_path("create", dir)?;
     let meta = std::fs::symlink_metadata(dir).with_path("stat", dir)?;
     if !meta.is_dir() || meta.uid() != 0 {
         return Err(Error::invalid(format!("{}: not a directory owned by root", dir.display())));
     }
-    if meta.mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).with_path("chmod 0700", dir)?;
+    if meta.mode() & 0o777 != 0o711 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).with_path("chmod 0711", dir)?;
     }
     Ok(())
 }
@@ -626,14 +639,15 @@ mod tests {
     }
 
     #[test]
-    fn the_copies_directory_is_roots_alone() {
+    fn the_copies_directory_is_roots_and_unlistable() {
         let dir = std::env::temp_dir().join(format!("corral-idmap-private-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         private_dir(&dir).unwrap();
         let mode = std::fs::metadata(&dir).unwrap().mode() & 0o777;
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(mode, 0o700);
+        // Others may pass through to a set they own (a container's root), never list it.
+        assert_eq!(mode, 0o711);
     }
 
     #[test]
