@@ -1,0 +1,374 @@
+//! One libcontainer call per subcommand, with runc's semantics where corral relies on them.
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+
+use libcgroups::common::{
+    create_cgroup_manager, AnyCgroupManager, CgroupConfig, CgroupManager, ControllerOpt,
+};
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::Container;
+use libcontainer::oci_spec::runtime::LinuxResources;
+use libcontainer::signal::Signal;
+use libcontainer::syscall::syscall::SyscallType;
+
+use crate::args::{Command, Global};
+
+pub fn run(global: &Global, command: Command) -> Result<(), String> {
+    match command {
+        Command::Create { id, bundle, pid_file, console_socket } => {
+            create(global, &id, &bundle, pid_file, console_socket).map_err(|e| chain(&*e))
+        }
+        Command::Exec { id, process, pid_file, console_socket } => {
+            exec(global, &id, &process, pid_file, console_socket).map_err(|e| chain(&*e))
+        }
+        Command::Start { id } => load(global, &id)?.start().map_err(|e| chain(&e)),
+        Command::Kill { id, signal, all } => {
+            let signal = parse_signal(&signal)?;
+            load(global, &id)?.kill(signal, all).map_err(|e| chain(&e))
+        }
+        Command::Delete { id, force } => delete(global, &id, force),
+        Command::Pause { id } => load(global, &id)?.pause().map_err(|e| chain(&e)),
+        Command::Resume { id } => load(global, &id)?.resume().map_err(|e| chain(&e)),
+        Command::Update { id, resources } => update(global, &id, &resources),
+        Command::Ps { id } => ps(global, &id),
+    }
+}
+
+type Failure = Box<dyn Error>;
+
+/// The container's init, created and waiting for `start`; it inherits this process's fds 0-2
+/// (the container's stdio, as corral hands them to runc) and becomes a child of this process,
+/// so it is reparented to corral (a subreaper) when this process exits, as runc's init is.
+fn create(
+    global: &Global,
+    id: &str,
+    bundle: &Path,
+    pid_file: Option<PathBuf>,
+    console_socket: Option<PathBuf>,
+) -> Result<(), Failure> {
+    make_root(&global.root)?;
+    // Kept open until the container's init has joined its namespaces.
+    let (bundle, _namespace_files) = match userns_bundle(bundle)? {
+        Some((adapted, files)) => (adapted, files),
+        None => (bundle.to_path_buf(), Vec::new()),
+    };
+    ContainerBuilder::new(id.to_string(), SyscallType::Linux)
+        .with_root_path(&global.root)?
+        .with_pid_file(pid_file)?
+        .with_console_socket(console_socket)
+        .validate_id()?
+        .as_init(&bundle)
+        // libcontainer's default is systemd's cgroup manager; corral says which it wants.
+        .with_systemd(global.systemd_cgroup)
+        .with_detach(true)
+        .build()?;
+    if global.systemd_cgroup && cgroup_v2() {
+        if let Err(e) = systemd_v2_devices(&bundle, id, &global.root) {
+            // Never leave a container without its device rules: remove it.
+            if let Ok(mut container) = Container::load(global.root.join(id)) {
+                let _ = container.delete(true);
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn cgroup_v2() -> bool {
+    matches!(libcgroups::common::get_cgroup_setup(), Ok(libcgroups::common::CgroupSetup::Unified))
+}
+
+/// On cgroup v2 with systemd's driver, libcgroups 0.7 gives the container's scope its
+/// resources but no device rules (its cgroupfs manager attaches the BPF device program; its
+/// systemd manager does not), which would let a container with CAP_MKNOD reach any host device.
+/// runc attaches the program in both cases; so does this, to the scope systemd made, while the
+/// init still waits for `start`.
+fn systemd_v2_devices(bundle: &Path, id: &str, root: &Path) -> Result<(), Failure> {
+    let spec = libcontainer::oci_spec::runtime::Spec::load(bundle.join("config.json"))?;
+    let devices =
+        spec.linux().as_ref().and_then(|l| l.resources().as_ref()).and_then(|r| r.devices().clone());
+    let pid = Container::load(root.join(id))?.pid().ok_or("the created container has no pid")?;
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    let relative = cgroups
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or_else(|| format!("no cgroup v2 entry in /proc/{pid}/cgroup"))?;
+    let dir = Path::new("/sys/fs/cgroup").join(relative.trim_start_matches('/'));
+    libcgroups::v2::devices::Devices::apply_devices(&dir, &devices)
+        .map_err(|e| format!("device rules for {}: {}", dir.display(), chain(&e)))?;
+    Ok(())
+}
+
+/// Where the bundle's spec lives for a container that joins a user namespace by path, with its
+/// other namespace files open in this process; `None` for other containers.
+///
+/// libcontainer joins the user namespace first and opens every other namespace file only
+/// then, as the namespace's root, which may not traverse the host-root-owned directories
+/// corral's pins live in (containerd's bundle directories are 0700): EACCES. runc opens them
+/// all before it joins any. The same here: this process opens them as the host's root, and
+/// the spec names them as `/proc/self/fd/N`, which the intermediate and init processes (clones
+/// of this one, with copies of its fd table) open without a path walk. The adapted spec goes
+/// to `<bundle>/corral-oci/config.json` with the root made absolute; the bundle's own
+/// config.json stays as corral wrote it.
+fn userns_bundle(bundle: &Path) -> Result<Option<(PathBuf, Vec<std::fs::File>)>, Failure> {
+    let config_path = bundle.join("config.json");
+    let text =
+        std::fs::read_to_string(&config_path).map_err(|e| format!("read {}: {e}", config_path.display()))?;
+    let mut spec: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", config_path.display()))?;
+    let joins_user_ns = spec["linux"]["namespaces"].as_array().is_some_and(|nss| {
+        nss.iter().any(|ns| ns["type"] == "user" && ns["path"].as_str().is_some_and(|p| !p.is_empty()))
+    });
+    if !joins_user_ns {
+        return Ok(None);
+    }
+    let mut files = Vec::new();
+    for ns in spec["linux"]["namespaces"].as_array_mut().into_iter().flatten() {
+        let Some(path) = ns["path"].as_str().filter(|p| !p.is_empty() && ns["type"] != "user") else {
+            continue;
+        };
+        let file =
+            std::fs::File::open(path).map_err(|e| format!("open {} namespace {path}: {e}", ns["type"]))?;
+        ns["path"] = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file)).into();
+        files.push(file);
+    }
+    if let Some(root) = spec["root"]["path"].as_str().map(PathBuf::from).filter(|r| r.is_relative()) {
+        spec["root"]["path"] = bundle.join(root).display().to_string().into();
+    }
+    let adapted = bundle.join("corral-oci");
+    let _ = std::fs::remove_dir_all(&adapted);
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&adapted)
+            .map_err(|e| format!("create {}: {e}", adapted.display()))?;
+    }
+    let out = adapted.join("config.json");
+    std::fs::write(&out, spec.to_string()).map_err(|e| format!("write {}: {e}", out.display()))?;
+    Ok(Some((adapted, files)))
+}
+
+/// A process in a running container, from an OCI process document; returns once it exec'd.
+///
+/// libcontainer leaves each exec's start socket (`tenant-notify-<random>.sock`) in the
+/// container's state directory, where a container probed by exec every few seconds would gather
+/// thousands. Execs of one container are serialized by a lock on that directory (they hold it
+/// for the few milliseconds of the build, not for the process's life), so the sockets that
+/// appeared meanwhile are this exec's own, and removed.
+fn exec(
+    global: &Global,
+    id: &str,
+    process: &Path,
+    pid_file: Option<PathBuf>,
+    console_socket: Option<PathBuf>,
+) -> Result<(), Failure> {
+    let container = load(global, id)?;
+    refuse_exec_in_user_namespace(&container)?;
+    let dir = global.root.join(id);
+    let lock = std::fs::File::open(&dir).map_err(|e| format!("open {}: {e}", dir.display()))?;
+    // Released when `lock` closes (at exit at the latest).
+    // SAFETY: flock on an open fd this function owns; it takes no pointers.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+        return Err(format!("lock {}: {}", dir.display(), std::io::Error::last_os_error()).into());
+    }
+    let before = tenant_sockets(&dir);
+    let built = ContainerBuilder::new(id.to_string(), SyscallType::Linux)
+        .with_root_path(&global.root)?
+        .with_pid_file(pid_file)?
+        .with_console_socket(console_socket)
+        .as_tenant()
+        .with_process(Some(process))
+        .with_detach(true)
+        .build();
+    for socket in tenant_sockets(&dir).difference(&before) {
+        let _ = std::fs::remove_file(dir.join(socket));
+    }
+    built?;
+    Ok(())
+}
+
+fn tenant_sockets(dir: &Path) -> std::collections::HashSet<std::ffi::OsString> {
+    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
+    entries.map(|e| e.file_name()).filter(|n| n.to_string_lossy().starts_with("tenant-")).collect()
+}
+
+/// libcontainer 0.7's exec joins the init's namespaces except its user namespace, so a process
+/// exec'd into a user-namespaced container would run as the host's root beside it. Refused
+/// until that is solved; corral-oci's `features` claims no user namespaces for the same reason
+/// (so CRI sends it no `hostUsers: false` pods).
+fn refuse_exec_in_user_namespace(container: &Container) -> Result<(), String> {
+    let Some(pid) = container.pid() else { return Ok(()) };
+    let user_ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/user")).ok();
+    let (theirs, ours) = (user_ns(&pid.as_raw().to_string()), user_ns("self"));
+    if theirs.is_some() && theirs != ours {
+        return Err(format!(
+            "exec into container {:?}: it runs in its own user namespace, and the builtin runtime \
+             (libcontainer {}) cannot join one for exec; use runc for pods with hostUsers: false",
+            container.id(),
+            crate::features::LIBCONTAINER
+        ));
+    }
+    Ok(())
+}
+
+/// As `runc delete`: a container whose state is gone (or was never written, after a create
+/// that failed early) only has its directory removed; with `force` that is success.
+fn delete(global: &Global, id: &str, force: bool) -> Result<(), String> {
+    let dir = global.root.join(id);
+    if !dir.join("state.json").exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+        return if force { Ok(()) } else { Err(format!("container {id:?} does not exist")) };
+    }
+    load(global, id)?.delete(force).map_err(|e| chain(&e))
+}
+
+fn update(global: &Global, id: &str, resources: &Path) -> Result<(), String> {
+    let text = if resources == Path::new("-") {
+        std::io::read_to_string(std::io::stdin()).map_err(|e| format!("read resources from stdin: {e}"))?
+    } else {
+        std::fs::read_to_string(resources).map_err(|e| format!("read {}: {e}", resources.display()))?
+    };
+    let resources: LinuxResources = serde_json::from_str(&text)
+        .map_err(|e| format!("resources: not an OCI LinuxResources document: {e}"))?;
+    let manager = cgroup_manager(global, id)?;
+    let options = ControllerOpt {
+        resources: &resources,
+        disable_oom_killer: false,
+        oom_score_adj: None,
+        freezer_state: None,
+    };
+    manager.apply(&options).map_err(|e| chain(&e))
+}
+
+/// The host pids of the container's processes, as a JSON array (runc's `ps --format json`).
+fn ps(global: &Global, id: &str) -> Result<(), String> {
+    let pids: Vec<i32> = cgroup_manager(global, id)?
+        .get_all_pids()
+        .map_err(|e| chain(&e))?
+        .iter()
+        .map(|p| p.as_raw())
+        .collect();
+    println!("{}", serde_json::to_string(&pids).expect("a list of numbers serializes"));
+    Ok(())
+}
+
+fn cgroup_manager(global: &Global, id: &str) -> Result<AnyCgroupManager, String> {
+    let container = load(global, id)?;
+    let spec = container.spec().map_err(|e| chain(&e))?;
+    create_cgroup_manager(CgroupConfig {
+        cgroup_path: spec.cgroup_path,
+        systemd_cgroup: container.systemd(),
+        container_name: id.to_string(),
+    })
+    .map_err(|e| chain(&e))
+}
+
+fn load(global: &Global, id: &str) -> Result<Container, String> {
+    let dir = global.root.join(id);
+    if !dir.join("state.json").exists() {
+        return Err(format!("container {id:?} does not exist"));
+    }
+    Container::load(dir).map_err(|e| chain(&e))
+}
+
+fn make_root(root: &Path) -> Result<(), Failure> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(root)
+        .map_err(|e| format!("create state root {}: {e}", root.display()))?;
+    Ok(())
+}
+
+/// A number or a name, as runc's `kill` takes it.
+fn parse_signal(text: &str) -> Result<Signal, String> {
+    let parsed = match text.parse::<i32>() {
+        Ok(number) => Signal::try_from(number).map_err(|e| e.to_string()),
+        Err(_) => Signal::try_from(text).map_err(|e| e.to_string()),
+    };
+    parsed.map_err(|e| format!("kill: {e}"))
+}
+
+/// libcontainer's init reports a failed chdir or exec by the call alone ("failed to chdir
+/// e=ENOTDIR"); runc names the path. Adds the spec's `process.cwd` or `process.args[0]` when the
+/// message is about one of them.
+pub fn with_process_context(message: String, bundle: &Path) -> String {
+    let spec = std::fs::read_to_string(bundle.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    let Some(process) = spec.as_ref().map(|s| &s["process"]) else { return message };
+    if message.contains("chdir") {
+        if let Some(cwd) = process["cwd"].as_str() {
+            return format!("{message}: process.cwd {cwd:?}");
+        }
+    }
+    if let Some(arg0) =
+        process["args"][0].as_str().filter(|a| !message.contains(*a) && message.contains("exec"))
+    {
+        return format!("{message}: process.args[0] {arg0:?}");
+    }
+    message
+}
+
+/// The error and its causes, each once: libcontainer's errors are often `transparent`, so a
+/// cause's text may already be part of its parent's.
+fn chain(err: &dyn Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            text = format!("{text}: {part}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_by_number_or_name() {
+        // Signal has no PartialEq; its Debug names the signal.
+        let name = |s: Signal| format!("{s:?}");
+        assert_eq!(name(parse_signal("9").unwrap()), "Signal(SIGKILL)");
+        assert_eq!(name(parse_signal("TERM").unwrap()), "Signal(SIGTERM)");
+        assert!(parse_signal("SIGNOPE").unwrap_err().starts_with("kill: invalid signal"));
+        assert!(parse_signal("999").is_err());
+    }
+
+    #[test]
+    fn causes_are_kept_once() {
+        #[derive(Debug)]
+        struct Outer(std::io::Error);
+        impl std::fmt::Display for Outer {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "mount /proc")
+            }
+        }
+        impl Error for Outer {
+            fn source(&self) -> Option<&(dyn Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let err = Outer(std::io::Error::from_raw_os_error(2));
+        assert_eq!(chain(&err), "mount /proc: No such file or directory (os error 2)");
+    }
+
+    #[test]
+    fn missing_containers_are_named_as_runc_names_them() {
+        let root = std::env::temp_dir().join(format!("corral-oci-ops-{}", std::process::id()));
+        let global = Global { root: root.clone(), log: None, systemd_cgroup: false };
+        assert_eq!(load(&global, "gone").unwrap_err(), "container \"gone\" does not exist");
+        assert_eq!(delete(&global, "gone", false).unwrap_err(), "container \"gone\" does not exist");
+        std::fs::create_dir_all(root.join("half")).unwrap();
+        delete(&global, "half", true).unwrap();
+        assert!(!root.join("half").exists(), "a directory without state is removed");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
