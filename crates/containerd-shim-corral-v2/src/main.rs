@@ -26,7 +26,7 @@ fn main() -> ExitCode {
         Action::Info => corral::shim::info::run(
             env!("CARGO_PKG_VERSION"),
             env!("CORRAL_GIT_COMMIT"),
-            &corral::config::get().runtime.binary,
+            &corral::config::get().runtime.program(),
         ),
         Action::Doctor => doctor(&args),
         Action::Start => start::run(&args),

@@ -20,8 +20,9 @@
 //!
 //! ```toml
 //! [runtime]
-//! binary = "runc"              # OCI runtime, a name on PATH or a path
-//! root = "/run/corral/runc"    # its state root (one directory per containerd namespace below)
+//! binary = "runc"              # OCI runtime, a name on PATH or a path; "builtin": corral-oci
+//! root = "/run/corral/runc"    # its state root (one directory per containerd namespace below;
+//!                              # the builtin runtime's default is /run/corral/oci)
 //! [pod]
 //! shm_size = "64Mi"            # each pod's /dev/shm
 //! default_sysctls = true       # containerd's unprivileged-port and ping defaults
@@ -48,6 +49,14 @@ pub const DEFAULT_PATH: &str = "/etc/corral/config.toml";
 /// Where corral keeps runc's state (`runtime.root`): one root per containerd namespace, on tmpfs,
 /// stable across containerd restarts so `delete` can find containers without the server.
 pub const DEFAULT_RUNC_ROOT: &str = "/run/corral/runc";
+
+/// The `runtime.binary` (or `CORRAL_RUNC`) that selects corral's builtin runtime: the
+/// `corral-oci` helper installed beside the shim, which speaks runc's command line.
+pub const BUILTIN_RUNTIME: &str = "builtin";
+pub const BUILTIN_HELPER: &str = "corral-oci";
+/// The builtin runtime's state root when `runtime.root` is left at runc's default: its state
+/// is libcontainer's, which runc cannot read, so a node that switches runtimes never mixes them.
+pub const DEFAULT_BUILTIN_ROOT: &str = "/run/corral/oci";
 
 /// Default root of the pods' file directories (`pod.files_root`).
 pub const FILES_ROOT: &str = "/var/lib/corral/pods";
@@ -165,6 +174,31 @@ pub struct Shim {
 impl Default for Runtime {
     fn default() -> Self {
         Runtime { binary: "runc".into(), root: PathBuf::from(DEFAULT_RUNC_ROOT) }
+    }
+}
+
+impl Runtime {
+    pub fn is_builtin(&self) -> bool {
+        self.binary == BUILTIN_RUNTIME
+    }
+
+    /// The program corral runs for container operations: for the builtin runtime the helper in
+    /// this executable's directory (containerd finds the shim by its path, and the helper is
+    /// installed with it), else `binary` as configured (a name on PATH or a path).
+    pub fn program(&self) -> PathBuf {
+        if !self.is_builtin() {
+            return PathBuf::from(&self.binary);
+        }
+        let dir = std::env::current_exe().ok().and_then(|exe| exe.parent().map(Path::to_path_buf));
+        dir.unwrap_or_default().join(BUILTIN_HELPER)
+    }
+
+    /// The state root (one directory per containerd namespace goes below it).
+    pub fn state_root(&self) -> PathBuf {
+        if self.is_builtin() && self.root == Path::new(DEFAULT_RUNC_ROOT) {
+            return PathBuf::from(DEFAULT_BUILTIN_ROOT);
+        }
+        self.root.clone()
     }
 }
 
@@ -383,6 +417,21 @@ mod tests {
         assert_eq!(parse_size_kib("12"), None, "below a page");
         assert_eq!(parse_size_kib("64 lots"), None);
         assert_eq!(parse_size_kib(""), None);
+    }
+
+    #[test]
+    fn builtin_runtime_is_the_helper_beside_this_executable_with_its_own_root() {
+        let builtin = Runtime { binary: BUILTIN_RUNTIME.into(), ..Default::default() };
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(builtin.program(), exe.parent().unwrap().join("corral-oci"));
+        assert_eq!(builtin.state_root(), PathBuf::from(DEFAULT_BUILTIN_ROOT));
+        let rooted = Runtime { root: "/srv/oci".into(), ..builtin };
+        assert_eq!(rooted.state_root(), PathBuf::from("/srv/oci"), "a configured root is kept");
+        let runc = Runtime::default();
+        assert_eq!(
+            (runc.program(), runc.state_root()),
+            (PathBuf::from("runc"), PathBuf::from(DEFAULT_RUNC_ROOT))
+        );
     }
 
     #[test]

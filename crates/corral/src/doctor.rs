@@ -135,6 +135,10 @@ pub fn check_containerd_version(version: Option<(u32, u32)>) -> Finding {
 
 pub fn check_runtime(binary: &str, version_output: Option<&str>, features_ok: bool) -> Vec<Finding> {
     match version_output {
+        None if binary.ends_with(crate::config::BUILTIN_HELPER) => vec![problem(
+            format!("builtin OCI runtime {binary:?} cannot be run"),
+            "install corral-oci beside containerd-shim-corral-v2, or set runtime.binary to runc",
+        )],
         None => vec![problem(
             format!("OCI runtime {binary:?} cannot be run"),
             "install runc (apt-get install runc) or set runtime.binary in /etc/corral/config.toml",
@@ -301,12 +305,9 @@ pub fn run(containerd_config: &Path) -> Vec<Finding> {
                 c.shim.mode, c.runtime.binary, c.pod.shm_size, c.cgroup.driver
             )));
             findings.push(check_files_root(&c.pod.files_root, fs_type_of(&c.pod.files_root)));
-            let features = output(&c.runtime.binary, &["features"]).is_some();
-            findings.extend(check_runtime(
-                &c.runtime.binary,
-                output(&c.runtime.binary, &["--version"]).as_deref(),
-                features,
-            ));
+            let program = c.runtime.program().display().to_string();
+            let features = output(&program, &["features"]).is_some();
+            findings.extend(check_runtime(&program, output(&program, &["--version"]).as_deref(), features));
         }
         Err(e) => findings
             .push(problem(format!("{e}"), "fix /etc/corral/config.toml (or the file CORRAL_CONFIG names)")),

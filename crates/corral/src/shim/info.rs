@@ -61,7 +61,7 @@ pub fn kernel_idmaps(release: &str) -> bool {
 }
 
 /// Reads (and ignores) the runtime options containerd may send on stdin, then prints the info.
-pub fn run(version: &str, revision: &str, runc: &str) -> Result<()> {
+pub fn run(version: &str, revision: &str, runc: &std::path::Path) -> Result<()> {
     let mut options = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut options);
     let features = std::process::Command::new(runc)

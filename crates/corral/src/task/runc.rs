@@ -1,4 +1,5 @@
-//! Calls into the OCI runtime binary (runc by default).
+//! Calls into the OCI runtime binary (runc by default; `corral-oci`, corral's builtin runtime,
+//! speaks the same command line).
 //!
 //! corral drives runc's CLI directly instead of through the `runc` crate: it needs six
 //! subcommands, its stdio handling is the container's (the FIFOs are handed straight to runc), and
@@ -50,8 +51,8 @@ impl Runc {
     /// The runtime of the configuration, with one state root per containerd namespace.
     pub fn for_namespace(config: &crate::config::Config, namespace: &str) -> Self {
         Runc {
-            binary: PathBuf::from(&config.runtime.binary),
-            root: config.runtime.root.join(namespace),
+            binary: config.runtime.program(),
+            root: config.runtime.state_root().join(namespace),
             cgroup_driver: config.cgroup.driver,
         }
     }
