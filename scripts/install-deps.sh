@@ -11,7 +11,9 @@ need_containerd=1
 if command -v containerd >/dev/null 2>&1 && containerd --version | grep -q ' 2\.1\.'; then
   need_containerd=0
 fi
-base_pkgs=(runc containernetworking-plugins busybox-static iproute2 protobuf-compiler python3-yaml)
+# libseccomp-dev, libelf-dev: corral-oci (the builtin OCI runtime) links libseccomp, and libbpf
+# (built from source, for cgroup v2 device rules) needs libelf.
+base_pkgs=(runc containernetworking-plugins busybox-static iproute2 protobuf-compiler python3-yaml libseccomp-dev libelf-dev)
 missing=()
 for p in "${base_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

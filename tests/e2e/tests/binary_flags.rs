@@ -38,19 +38,21 @@ fn info(env: &[(&str, &str)]) -> Result<RuntimeInfo> {
 }
 
 #[test]
-fn info_answers_a_runtime_info_with_runc_features() -> Result<()> {
+fn info_answers_a_runtime_info_with_the_runtime_features() -> Result<()> {
     let info = info(&[])?;
     assert_eq!(info.name, "io.containerd.corral.v2");
     assert_eq!(info.version.version, env!("CARGO_PKG_VERSION"));
     assert_eq!(info.features.type_url, "types.containerd.io/opencontainers/runtime-spec/1/features/Features");
     let features: serde_json::Value = serde_json::from_slice(&info.features.value)?;
-    let runc: serde_json::Value =
-        serde_json::from_slice(&Command::new("runc").arg("features").output()?.stdout)?;
-    // What CRI reads: runc's mount options (rro among them on runc 1.1+) and namespaces.
+    // runc, or corral-oci under CORRAL_RUNC=builtin.
+    let runc: serde_json::Value = serde_json::from_slice(
+        &Command::new(corral_rig::runtime_program()).arg("features").output()?.stdout,
+    )?;
+    // What CRI reads: the runtime's mount options (rro among them on runc 1.1+) and namespaces.
     assert_eq!(features["mountOptions"], runc["mountOptions"]);
     assert!(features["mountOptions"].as_array().unwrap().contains(&"rro".into()), "{features}");
     assert_eq!(features["linux"]["namespaces"], runc["linux"]["namespaces"]);
-    // runc 1.1.5 has no idmapped mounts; corral makes them itself where the kernel can.
+    // runc 1.1.5 and corral-oci claim no idmapped mounts; corral makes them itself where the kernel can.
     assert_eq!(features["linux"]["mountExtensions"]["idmap"]["enabled"], kernel_maps_tmpfs(), "{features}");
     Ok(())
 }

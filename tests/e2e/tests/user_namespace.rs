@@ -205,3 +205,46 @@ async fn an_id_mapped_volume_keeps_the_host_owners_inside_the_pod() -> Result<()
     assert!(left.is_empty(), "mounts left: {left:?}");
     Ok(())
 }
+
+/// corral's builtin OCI runtime (corral-oci): a container of a hostUsers:false pod runs in the
+/// pod's user namespace, but exec into it is refused (libcontainer 0.7's exec would not join
+/// the user namespace); scripts/test.sh's builtin pass skips the two tests above, which exec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_builtin_runtime_runs_a_user_namespaced_container_and_refuses_exec_into_it() -> Result<()> {
+    // The builtin runtime whatever runtime this run's other tests use.
+    let options = Options {
+        shim_env: vec!["CORRAL_RUNC=builtin".into()],
+        env_remove: vec!["CORRAL_RUNC".into()],
+        ..Default::default()
+    };
+    let rig = Rig::start(options).await?;
+    let mut cri = rig.cri().await?;
+    let map = || vec![IdMapping { host_id: 196_608, container_id: 0, length: 65_536 }];
+    let userns = || UserNamespace { mode: NamespaceMode::Pod as i32, uids: map(), gids: map() };
+    let mut cfg = rig.pod_config("builtin-userns");
+    pod_ns(&mut cfg).userns_options = Some(userns());
+    let pod = cri.run_pod(&cfg, "corral").await?;
+    let holder = probe::holder_of(&pod).context("the pod's holder")?;
+    let mut ctr = container_config("app", "exec sleep 1000");
+    container_ns(&mut ctr).userns_options = Some(userns());
+    let c = cri.run_container(&pod, &cfg, &ctr).await.context("a container of a hostUsers:false pod")?;
+
+    let pid = cri.container_pid(&c).await?;
+    let uid_map = std::fs::read_to_string(format!("/proc/{pid}/uid_map"))?;
+    assert_eq!(uid_map.split_whitespace().collect::<Vec<_>>(), ["0", "196608", "65536"], "CRI's mapping");
+    assert_eq!(
+        probe::ns(pid, "user")?,
+        probe::ns(holder, "user")?,
+        "the init is in the pod's user namespace"
+    );
+    // libcontainer 0.7's exec would not join it: refused, with the reason, and nothing runs.
+    let before = probe::pids_in_cgroup_of(&c).len();
+    let err = cri.exec_sync(&c, &["id"]).await.expect_err("exec into a user-namespaced container is refused");
+    assert!(err.to_string().contains("cannot join one for exec"), "{err}");
+    assert_eq!(probe::pids_in_cgroup_of(&c).len(), before, "no process was started");
+    cri.stop_and_remove_pod(&pod).await?;
+    let left: Vec<_> =
+        probe::mounts_containing(&c).into_iter().chain(probe::mounts_containing(COPIES_DIR)).collect();
+    assert!(left.is_empty(), "mounts left: {left:?}");
+    Ok(())
+}

@@ -44,6 +44,27 @@ pub fn node_mode() -> bool {
     std::env::var("CORRAL_MODE").is_ok_and(|m| m == "node")
 }
 
+/// Whether this run's corral servers use corral's builtin OCI runtime (`CORRAL_RUNC=builtin` in
+/// the test's environment, which containerd passes on to its shims) instead of runc.
+pub fn builtin_runtime() -> bool {
+    std::env::var("CORRAL_RUNC").is_ok_and(|r| r == "builtin")
+}
+
+/// The OCI runtime program this run's corral servers call: runc, or the builtin runtime's
+/// helper beside the shim.
+pub fn runtime_program() -> PathBuf {
+    if builtin_runtime() {
+        shim_dir().join("corral-oci")
+    } else {
+        PathBuf::from(std::env::var("CORRAL_RUNC").unwrap_or_else(|_| "runc".into()))
+    }
+}
+
+/// The OCI runtime's state root for containerd namespace k8s.io, as corral derives it.
+pub fn runtime_root() -> PathBuf {
+    PathBuf::from(if builtin_runtime() { "/run/corral/oci/k8s.io" } else { "/run/corral/runc/k8s.io" })
+}
+
 pub fn shim_dir() -> PathBuf {
     std::env::var_os("CORRAL_SHIM_DIR").map(PathBuf::from).unwrap_or_else(|| workspace().join("target/debug"))
 }

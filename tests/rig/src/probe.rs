@@ -62,13 +62,23 @@ pub fn mounts_containing(needle: &str) -> Vec<String> {
         .collect()
 }
 
-/// Container ids runc knows in corral's runc root for namespace k8s.io.
+/// Container ids the OCI runtime knows in corral's runtime root for namespace k8s.io.
 pub fn corral_runc_containers() -> Vec<String> {
     corral_runc_containers_in("k8s.io")
 }
 
-/// Container ids runc knows in corral's runc root for a containerd namespace.
+/// Container ids the OCI runtime knows in corral's runtime root for a containerd namespace: for
+/// runc what `runc list` shows, for the builtin runtime every directory of its root (a
+/// container's state directory, complete or not).
 pub fn corral_runc_containers_in(namespace: &str) -> Vec<String> {
+    if crate::builtin_runtime() {
+        let root = std::path::Path::new("/run/corral/oci").join(namespace);
+        let entries = std::fs::read_dir(root).into_iter().flatten().flatten();
+        return entries
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+    }
     let root = format!("/run/corral/runc/{namespace}");
     let out = std::process::Command::new("runc").args(["--root", &root, "list", "-q"]).output();
     match out {
