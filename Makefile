@@ -7,14 +7,16 @@ BINDIR ?= $(PREFIX)/bin
 all:
 	cargo build --workspace --bins
 
-# The static release shim, where containerd looks for io.containerd.corral.v2, and the link
-# containerd runs for io.containerd.corral-node.v2 (node mode).
+# The static release shim, where containerd looks for io.containerd.corral.v2, the link
+# containerd runs for io.containerd.corral-node.v2 (node mode), and the builtin OCI runtime
+# beside them (runtime.binary = "builtin").
 install:
-	bin=$$(bash scripts/build-release.sh) && install -D -m 0755 "$$bin" "$(DESTDIR)$(BINDIR)/containerd-shim-corral-v2"
+	bin=$$(bash scripts/build-release.sh) && install -D -m 0755 "$$bin" "$(DESTDIR)$(BINDIR)/containerd-shim-corral-v2" \
+	  && install -D -m 0755 "$$(dirname "$$bin")/corral-oci" "$(DESTDIR)$(BINDIR)/corral-oci"
 	ln -sfn containerd-shim-corral-v2 "$(DESTDIR)$(BINDIR)/containerd-shim-corral-node-v2"
 
 uninstall:
-	rm -f "$(DESTDIR)$(BINDIR)/containerd-shim-corral-v2" "$(DESTDIR)$(BINDIR)/containerd-shim-corral-node-v2"
+	rm -f "$(DESTDIR)$(BINDIR)/containerd-shim-corral-v2" "$(DESTDIR)$(BINDIR)/containerd-shim-corral-node-v2" "$(DESTDIR)$(BINDIR)/corral-oci"
 
 # The node-installer image of deploy/corral-deploy.yaml, as an OCI archive (no image builder needed).
 installer-image:

@@ -1,11 +1,13 @@
 #!/bin/sh
 # Installs or removes corral on a node: the shim binary (and the containerd-shim-corral-node-v2
-# link that runs it in node mode), the `corral` and `corral-node` handlers in containerd's config,
+# link that runs it in node mode), the builtin OCI runtime `corral-oci` beside it (used when
+# corral's config says runtime.binary = "builtin"), the `corral` and `corral-node` handlers in containerd's config,
 # then restarts containerd. Idempotent; keeps the rest of the config file (comments
 # included) byte for byte, because corral's block is appended between marker lines.
 #   usage: install-on-node.sh install|uninstall
 # Environment: HOST_ROOT (default /host), CONTAINERD_CONFIG (default $HOST_ROOT/etc/containerd/config.toml),
-# BIN_DIR (default $HOST_ROOT/usr/local/bin), SHIM (default /opt/corral/containerd-shim-corral-v2),
+# BIN_DIR (default $HOST_ROOT/usr/local/bin), SHIM (default /opt/corral/containerd-shim-corral-v2;
+# corral-oci is taken from the same directory when it is there),
 # RESTART (default: restart containerd on the host through nsenter and systemctl).
 set -eu
 action=${1:?usage: install-on-node.sh install|uninstall}
@@ -58,6 +60,12 @@ case "$action" in
     chmod 0755 "$BIN_DIR/.containerd-shim-corral-v2.new"
     mv -f "$BIN_DIR/.containerd-shim-corral-v2.new" "$BIN_DIR/containerd-shim-corral-v2"
     ln -sfn containerd-shim-corral-v2 "$BIN_DIR/containerd-shim-corral-node-v2"
+    oci="$(dirname "$SHIM")/corral-oci"
+    if [ -f "$oci" ]; then
+      cp "$oci" "$BIN_DIR/.corral-oci.new"
+      chmod 0755 "$BIN_DIR/.corral-oci.new"
+      mv -f "$BIN_DIR/.corral-oci.new" "$BIN_DIR/corral-oci"
+    fi
     touch "$CONTAINERD_CONFIG"
     if grep -Fqx "$BEGIN" "$CONTAINERD_CONFIG"; then
       log "handler already configured in $CONTAINERD_CONFIG"
@@ -71,7 +79,7 @@ case "$action" in
     ;;
   uninstall)
     remove_block
-    rm -f "$BIN_DIR/containerd-shim-corral-v2" "$BIN_DIR/containerd-shim-corral-node-v2"
+    rm -f "$BIN_DIR/containerd-shim-corral-v2" "$BIN_DIR/containerd-shim-corral-node-v2" "$BIN_DIR/corral-oci"
     sh -c "$RESTART"
     log "removed corral"
     ;;
