@@ -3,6 +3,9 @@
 //! private containerd, alternating handlers so drift hits all. It measures and reports; it
 //! asserts nothing.
 //!
+//! Then pod to RUNNING once more with corral's builtin OCI runtime (`corral-oci`) against the
+//! pause sandbox, on a second containerd, and where a container start goes with each runtime.
+//!
 //! Usage: corral-bench [--pods N] [--parallel N] [--out DIR]
 
 mod measure;
@@ -218,8 +221,74 @@ async fn main() -> Result<()> {
     progress(&format!("wrote {}/bench.json and bench.svg", args.out.display()));
     drop(cri);
     drop(rig);
-    println!("{}", start_split(n).await?);
+
+    // 6. The same pod to RUNNING with corral's builtin OCI runtime, on a second containerd.
+    let builtin = builtin_runtime(n).await?;
+    println!("{}", builtin.table());
+    std::fs::write(args.out.join("bench-builtin.json"), serde_json::to_string_pretty(&builtin.json())?)?;
+    println!("{}", start_split(n, Runtime::Runc).await?);
+    println!("{}", start_split(n, Runtime::Builtin).await?);
     Ok(())
+}
+
+/// The OCI runtime corral's servers use: runc, or corral's builtin runtime (`corral-oci`).
+#[derive(Clone, Copy, PartialEq)]
+enum Runtime {
+    Runc,
+    Builtin,
+}
+
+impl Runtime {
+    /// The shims' environment that selects it (the runc handler's shim ignores it).
+    fn shim_env(self) -> Vec<String> {
+        match self {
+            Runtime::Runc => Vec::new(),
+            Runtime::Builtin => vec!["CORRAL_RUNC=builtin".into()],
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Runtime::Runc => "runc",
+            Runtime::Builtin => "builtin (corral-oci)",
+        }
+    }
+}
+
+/// Pod to RUNNING with corral's builtin OCI runtime against the pause sandbox, alternating on
+/// a containerd whose shims get `CORRAL_RUNC=builtin`: a handler cannot choose the runtime on
+/// containerd 2.1 (no handler options reach a shim), so the runtime is the containerd's.
+async fn builtin_runtime(n: usize) -> Result<Report> {
+    let load = wait_for_idle().await;
+    progress("builtin OCI runtime: a second containerd whose corral servers use corral-oci");
+    let options = Options {
+        pause_image: true,
+        env_remove: vec!["CORRAL_MODE".into(), "CORRAL_RUNC".into()],
+        shim_env: Runtime::Builtin.shim_env(),
+        ..Default::default()
+    };
+    let rig = Rig::start(options).await?;
+    let mut cri = rig.cri().await?;
+    for h in HANDLERS {
+        let (pod, cfg) = run_pod(&rig, &mut cri, h, "warm").await?;
+        cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
+        cri.stop_and_remove_pod(&pod).await?;
+    }
+    let mut full: [Vec<f64>; 3] = Default::default();
+    for i in 0..n {
+        for (k, h) in HANDLERS.iter().enumerate() {
+            let started = Instant::now();
+            let (pod, cfg) = run_pod(&rig, &mut cri, h, &format!("builtin{i}")).await?;
+            cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
+            full[k].push(started.elapsed().as_secs_f64() * 1000.0);
+            cri.stop_and_remove_pod(&pod).await?;
+        }
+    }
+    let mut report = Report::new(n, &["corral+builtin", "corral-node+builtin", "runc"], load);
+    report.latency("pod to RUNNING", "ms", &full);
+    report.load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    progress("builtin OCI runtime measured");
+    Ok(report)
 }
 
 /// Where a container start goes for each corral handler, from its servers' debug lines (every
@@ -227,11 +296,16 @@ async fn main() -> Result<()> {
 /// cost the servers CPU, so the figures above are measured without them. A pod to RUNNING is
 /// RunPodSandbox, then CRI's CreateContainer (Task.Create inside it) and StartContainer
 /// (Task.Start); the rest is CRI's and containerd's own work (from medians: approximate).
-async fn start_split(n: usize) -> Result<String> {
-    progress("where a container start goes: a second containerd, corral at debug level");
+async fn start_split(n: usize, runtime: Runtime) -> Result<String> {
+    progress(&format!(
+        "where a container start goes with {}: another containerd, corral at debug level",
+        runtime.name()
+    ));
+    let mut shim_env = vec!["CORRAL_LOG=debug".to_string()];
+    shim_env.extend(runtime.shim_env());
     let options = Options {
-        env_remove: vec!["CORRAL_MODE".into()],
-        shim_env: vec!["CORRAL_LOG=debug".into()],
+        env_remove: vec!["CORRAL_MODE".into(), "CORRAL_RUNC".into()],
+        shim_env,
         ..Default::default()
     };
     let rig = Rig::start(options).await?;
@@ -258,7 +332,8 @@ async fn start_split(n: usize) -> Result<String> {
         text.push_str(&std::fs::read_to_string(entry.path()).unwrap_or_default());
     }
     let mut out = format!(
-        "where a container start goes ({n} per handler, corral at debug level), p50 ms:\n  {:<12} {:>11} {:>23} {:>10} {:>41}\n",
+        "where a container start goes with {} ({n} per handler, corral at debug level), p50 ms:\n  {:<12} {:>11} {:>23} {:>10} {:>41}\n",
+        runtime.name(),
         "handler", "Task.Create", "of which runtime create", "Task.Start", "rest of pod to RUNNING (CRI, containerd)"
     );
     for (k, h) in corral.iter().enumerate() {
@@ -271,7 +346,9 @@ async fn start_split(n: usize) -> Result<String> {
         let rest = p50(&full[k]) - p50(&sandbox[k]) - create - start;
         out.push_str(&format!("  {h:<12} {create:>11.1} {runtime:>23.1} {start:>10.2} {rest:>41.1}\n"));
     }
-    out.push_str("  runc         (containerd's runc shim logs no such split)\n");
+    if runtime == Runtime::Runc {
+        out.push_str("  runc         (containerd's runc shim logs no such split)\n");
+    }
     Ok(out)
 }
 

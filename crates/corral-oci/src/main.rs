@@ -14,6 +14,7 @@ mod args;
 mod features;
 mod log;
 mod ops;
+mod spec;
 
 use std::process::ExitCode;
 

@@ -13,6 +13,7 @@ use libcontainer::signal::Signal;
 use libcontainer::syscall::syscall::SyscallType;
 
 use crate::args::{Command, Global};
+use crate::spec;
 
 pub fn run(global: &Global, command: Command) -> Result<(), String> {
     match command {
@@ -47,6 +48,7 @@ fn create(
     pid_file: Option<PathBuf>,
     console_socket: Option<PathBuf>,
 ) -> Result<(), Failure> {
+    spec::refuse_unsupported(&spec::read(bundle)?, global.systemd_cgroup, cgroup_v2())?;
     make_root(&global.root)?;
     // Kept open until the container's init has joined its namespaces.
     let (bundle, _namespace_files) = match userns_bundle(bundle)? {
@@ -112,30 +114,17 @@ fn systemd_v2_devices(bundle: &Path, id: &str, root: &Path) -> Result<(), Failur
 /// to `<bundle>/corral-oci/config.json` with the root made absolute; the bundle's own
 /// config.json stays as corral wrote it.
 fn userns_bundle(bundle: &Path) -> Result<Option<(PathBuf, Vec<std::fs::File>)>, Failure> {
-    let config_path = bundle.join("config.json");
-    let text =
-        std::fs::read_to_string(&config_path).map_err(|e| format!("read {}: {e}", config_path.display()))?;
-    let mut spec: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", config_path.display()))?;
-    let joins_user_ns = spec["linux"]["namespaces"].as_array().is_some_and(|nss| {
-        nss.iter().any(|ns| ns["type"] == "user" && ns["path"].as_str().is_some_and(|p| !p.is_empty()))
-    });
-    if !joins_user_ns {
+    let mut spec = spec::read(bundle)?;
+    if !spec::joins_user_namespace(&spec) {
         return Ok(None);
     }
     let mut files = Vec::new();
-    for ns in spec["linux"]["namespaces"].as_array_mut().into_iter().flatten() {
-        let Some(path) = ns["path"].as_str().filter(|p| !p.is_empty() && ns["type"] != "user") else {
-            continue;
-        };
-        let file =
-            std::fs::File::open(path).map_err(|e| format!("open {} namespace {path}: {e}", ns["type"]))?;
-        ns["path"] = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file)).into();
+    spec::name_namespaces_by_fd(&mut spec, bundle, |kind, path| {
+        let file = std::fs::File::open(path).map_err(|e| format!("open {kind} namespace {path}: {e}"))?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
         files.push(file);
-    }
-    if let Some(root) = spec["root"]["path"].as_str().map(PathBuf::from).filter(|r| r.is_relative()) {
-        spec["root"]["path"] = bundle.join(root).display().to_string().into();
-    }
+        Ok(fd)
+    })?;
     let adapted = bundle.join("corral-oci");
     let _ = std::fs::remove_dir_all(&adapted);
     {

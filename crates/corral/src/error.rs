@@ -26,9 +26,10 @@ pub enum Error {
     /// A system call or file operation failed; `what` names the step and its object.
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
-    /// The OCI runtime failed; `message` is the runtime's own last error.
-    #[error("runc {op} {id}: {message}")]
-    Runtime { op: &'static str, id: String, message: String },
+    /// The OCI runtime (`runtime`: its program's name, e.g. runc or corral-oci) failed;
+    /// `message` is the runtime's own last error.
+    #[error("{runtime} {op} {id}: {message}")]
+    Runtime { runtime: String, op: &'static str, id: String, message: String },
     /// The holder process reported a failure at `step`.
     #[error("pod holder: {step}: {message}")]
     Holder { step: String, message: String },

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use corral_rig::cri::{container_config, log_dir, pod_config, wait_for_text};
 use corral_rig::{cgroup, probe, scaled, Options, Rig};
+use k8s_cri::v1::{security_profile::ProfileType, SecurityProfile};
 
 const HANDLER: &str = "corral";
 const STATE: &str = "/run/corral/oci/k8s.io";
@@ -47,7 +48,15 @@ async fn containers_run_without_runc_and_leave_nothing() -> Result<()> {
     let holder = probe::holder_of(&pod).context("the pod's holder")?;
     // pid 1 of its pid namespace: it ends on SIGTERM only through its handler.
     let script = "trap 'exit 7' TERM; echo hello-builtin; sleep 1000 & wait";
-    let c = cri.run_container(&pod, &pod_cfg, &container_config("app", script)).await?;
+    let mut config = container_config("app", script);
+    let security =
+        config.linux.as_mut().and_then(|l| l.security_context.as_mut()).context("security context")?;
+    security.seccomp =
+        Some(SecurityProfile { profile_type: ProfileType::RuntimeDefault as i32, ..Default::default() });
+    // What kubelet sends for procMount: Default (CRI adds none of its own).
+    security.masked_paths = vec!["/proc/timer_list".into(), "/proc/keys".into(), "/proc/acpi".into()];
+    security.readonly_paths = vec!["/proc/sys".into(), "/proc/bus".into()];
+    let c = cri.run_container(&pod, &pod_cfg, &config).await?;
     wait_for_text(&logs.join("app.log"), "hello-builtin", scaled(Duration::from_secs(20))).await?;
 
     let state = Path::new(STATE).join(&c);
@@ -61,6 +70,20 @@ async fn containers_run_without_runc_and_leave_nothing() -> Result<()> {
     for kind in ["net", "ipc", "uts"] {
         assert_eq!(probe::ns(pid, kind)?, probe::ns(holder, kind)?, "{kind}: the container joins the pod");
     }
+    // The confinement a runc container has: containerd's default seccomp profile (filter mode),
+    // CRI's capability set (not all of root's), masked and read-only /proc paths.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| {
+        status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim).unwrap_or("").to_string()
+    };
+    assert_eq!(field("Seccomp:"), "2", "seccomp filter applied");
+    let bounding = u64::from_str_radix(&field("CapBnd:"), 16)?;
+    assert_eq!(bounding & (1 << 21), 0, "no CAP_SYS_ADMIN in the bounding set: {bounding:#x}");
+    assert_ne!(bounding & (1 << 27), 0, "CAP_MKNOD, one of CRI's defaults, is kept: {bounding:#x}");
+    let (code, out, err) = cri.exec_sync(&c, &["stat", "-c", "%t:%T", "/proc/timer_list"]).await?;
+    assert_eq!((code, out.trim()), (0, "1:3"), "/proc/timer_list is masked with /dev/null: {err}");
+    let (code, _, err) = cri.exec_sync(&c, &["sh", "-c", "echo 1 > /proc/sys/kernel/domainname"]).await?;
+    assert!(code != 0 && err.contains("Read-only file system"), "/proc/sys is read-only: {code} {err}");
     let (code, out, _) = cri.exec_sync(&c, &["cat", "/proc/1/cmdline"]).await?;
     assert_eq!(code, 0);
     assert!(

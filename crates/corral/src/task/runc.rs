@@ -124,7 +124,7 @@ impl Runc {
         if status.success() {
             return Ok(());
         }
-        Err(Error::Runtime { op, id: id.into(), message: last_error(&log, &status.to_string()) })
+        Err(self.failed(op, id, last_error(&log, &status.to_string())))
     }
 
     /// Starts a created container.
@@ -140,7 +140,7 @@ impl Runc {
         if !fifo.exists() {
             return self.simple("start", id, &["start", id]).await.map(drop);
         }
-        let failed = |message: String| Error::Runtime { op: "start", id: id.into(), message };
+        let failed = |message: String| self.failed("start", id, message);
         let mut rx = tokio::net::unix::pipe::OpenOptions::new()
             .open_receiver(&fifo)
             .map_err(|e| failed(format!("open {}: {e}", fifo.display())))?;
@@ -200,9 +200,9 @@ impl Runc {
     /// The host pids of the container's processes.
     pub async fn ps(&self, id: &str) -> Result<Vec<u32>> {
         let out = self.simple("ps", id, &["ps", "--format", "json", id]).await?;
-        serde_json::from_slice::<Option<Vec<u32>>>(&out).map(Option::unwrap_or_default).map_err(|e| {
-            Error::Runtime { op: "ps", id: id.into(), message: format!("unreadable output: {e}") }
-        })
+        serde_json::from_slice::<Option<Vec<u32>>>(&out)
+            .map(Option::unwrap_or_default)
+            .map_err(|e| self.failed("ps", id, format!("unreadable output: {e}")))
     }
 
     /// Runs a subcommand that needs no container stdio; returns its stdout.
@@ -230,7 +230,14 @@ impl Runc {
             return Ok(out.stdout);
         }
         let message = last_error_in(&String::from_utf8_lossy(&out.stderr));
-        Err(Error::Runtime { op, id: id.into(), message })
+        Err(self.failed(op, id, message))
+    }
+
+    /// An error of `op` on container `id`, naming the runtime by its program's file name.
+    fn failed(&self, op: &'static str, id: &str, message: String) -> Error {
+        let runtime =
+            self.binary.file_name().map_or_else(|| "runtime".into(), |n| n.to_string_lossy().into_owned());
+        Error::Runtime { runtime, op, id: id.into(), message }
     }
 }
 
@@ -298,10 +305,14 @@ mod tests {
 
     #[test]
     fn not_exist_is_recognised() {
-        let err =
-            Error::Runtime { op: "delete", id: "x".into(), message: "container \"x\" does not exist".into() };
+        let runc =
+            Runc { binary: "/usr/sbin/runc".into(), root: "/r".into(), cgroup_driver: Default::default() };
+        let err = runc.failed("delete", "x", "container \"x\" does not exist".into());
+        assert_eq!(err.to_string(), "runc delete x: container \"x\" does not exist");
         assert!(is_not_exist(&err));
-        let err = Error::Runtime { op: "delete", id: "x".into(), message: "permission denied".into() };
+        let builtin = Runc { binary: "/usr/local/bin/corral-oci".into(), ..runc };
+        let err = builtin.failed("delete", "x", "permission denied".into());
+        assert_eq!(err.to_string(), "corral-oci delete x: permission denied");
         assert!(!is_not_exist(&err));
     }
 }
