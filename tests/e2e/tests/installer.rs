@@ -60,6 +60,13 @@ fn check(original: &str, plugin: &str, tag: &str) -> Result<()> {
     assert!(bin.exists(), "binary installed");
     let link = host.join("usr/local/bin/containerd-shim-corral-node-v2");
     assert_eq!(std::fs::read_link(&link)?, Path::new("containerd-shim-corral-v2"), "node-mode link");
+    let oci = host.join("usr/local/bin/corral-oci");
+    let helper = shim_binary().with_file_name("corral-oci");
+    assert_eq!(
+        std::fs::read(&oci)?,
+        std::fs::read(&helper)?,
+        "the builtin runtime installed beside the shim"
+    );
     if plugin == "io.containerd.cri.v1.runtime" {
         let doctor =
             Command::new(shim_binary()).arg("doctor").arg("-containerd-config").arg(&config).output()?;
@@ -71,6 +78,7 @@ fn check(original: &str, plugin: &str, tag: &str) -> Result<()> {
     assert_eq!(std::fs::read_to_string(&config)?, original, "uninstall restores the file");
     assert!(!bin.exists(), "binary removed");
     assert!(std::fs::symlink_metadata(&link).is_err(), "link removed");
+    assert!(!oci.exists(), "builtin runtime removed");
     assert_eq!(
         std::fs::read_to_string(host.join("restarts"))?.lines().count(),
         3,
@@ -188,6 +196,12 @@ async fn the_installer_image_installs_and_its_prestop_uninstalls() -> Result<()>
     .await?;
     let installed = host.join("usr/local/bin/containerd-shim-corral-v2");
     assert_eq!(std::fs::read(&installed)?, std::fs::read(shim_binary())?, "the image's shim is installed");
+    let oci = host.join("usr/local/bin/corral-oci");
+    assert_eq!(
+        std::fs::read(&oci)?,
+        std::fs::read(shim_binary().with_file_name("corral-oci"))?,
+        "and corral-oci"
+    );
     let text = std::fs::read_to_string(host.join("etc/containerd/config.toml"))?;
     assert!(text.starts_with(V3) && text.contains("runtimes.corral]"), "{text}");
     let state = cri.container_status(&c).await?.status.map(|s| s.state);
@@ -200,6 +214,7 @@ async fn the_installer_image_installs_and_its_prestop_uninstalls() -> Result<()>
     assert_eq!(code, 0, "preStop: {err}");
     assert_eq!(std::fs::read_to_string(host.join("etc/containerd/config.toml"))?, V3, "config restored");
     assert!(!installed.exists(), "shim removed");
+    assert!(!oci.exists(), "corral-oci removed");
     assert_eq!(std::fs::read_to_string(&restarts)?.lines().count(), 2);
 
     cri.stop_and_remove_pod(&pod).await?;
