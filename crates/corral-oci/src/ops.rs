@@ -48,10 +48,12 @@ fn create(
     pid_file: Option<PathBuf>,
     console_socket: Option<PathBuf>,
 ) -> Result<(), Failure> {
-    spec::refuse_unsupported(&spec::read(bundle)?, global.systemd_cgroup, cgroup_v2())?;
+    let config = spec::read(bundle)?;
+    let v2 = cgroup_v2();
+    spec::refuse_unsupported(&config, global.systemd_cgroup, v2)?;
     make_root(&global.root)?;
     // Kept open until the container's init has joined its namespaces.
-    let (bundle, _namespace_files) = match userns_bundle(bundle)? {
+    let (bundle, _namespace_files) = match userns_bundle(bundle, config)? {
         Some((adapted, files)) => (adapted, files),
         None => (bundle.to_path_buf(), Vec::new()),
     };
@@ -65,7 +67,7 @@ fn create(
         .with_systemd(global.systemd_cgroup)
         .with_detach(true)
         .build()?;
-    if global.systemd_cgroup && cgroup_v2() {
+    if global.systemd_cgroup && v2 {
         if let Err(e) = systemd_v2_devices(&bundle, id, &global.root) {
             // Never leave a container without its device rules: remove it.
             if let Ok(mut container) = Container::load(global.root.join(id)) {
@@ -106,15 +108,17 @@ fn systemd_v2_devices(bundle: &Path, id: &str, root: &Path) -> Result<(), Failur
 /// other namespace files open in this process; `None` for other containers.
 ///
 /// libcontainer joins the user namespace first and opens every other namespace file only
-/// then, as the namespace's root, which may not traverse the host-root-owned directories
-/// corral's pins live in (containerd's bundle directories are 0700): EACCES. runc opens them
+/// then, as the namespace's root, which may not search the host-root-owned directories above
+/// corral's pins (in containerd's sandbox bundle): EACCES. runc opens them
 /// all before it joins any. The same here: this process opens them as the host's root, and
 /// the spec names them as `/proc/self/fd/N`, which the intermediate and init processes (clones
 /// of this one, with copies of its fd table) open without a path walk. The adapted spec goes
 /// to `<bundle>/corral-oci/config.json` with the root made absolute; the bundle's own
 /// config.json stays as corral wrote it.
-fn userns_bundle(bundle: &Path) -> Result<Option<(PathBuf, Vec<std::fs::File>)>, Failure> {
-    let mut spec = spec::read(bundle)?;
+fn userns_bundle(
+    bundle: &Path,
+    mut spec: serde_json::Value,
+) -> Result<Option<(PathBuf, Vec<std::fs::File>)>, Failure> {
     if !spec::joins_user_namespace(&spec) {
         return Ok(None);
     }
