@@ -98,12 +98,7 @@ async fn main() -> Result<()> {
     let containerd = rig.pid().context("containerd pid")?;
     let mut report = Report::new(n, &HANDLERS, load_before);
 
-    // Warm caches for each: one pod with a container, then gone.
-    for h in HANDLERS {
-        let (pod, cfg) = run_pod(&rig, &mut cri, h, "warm").await?;
-        cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
-        cri.stop_and_remove_pod(&pod).await?;
-    }
+    warm(&rig, &mut cri).await?;
 
     // 1. RunPodSandbox, sequential, alternating; n pods per handler, measured; n more, measured
     //    again: the difference over n is what one more pod costs (a node server is shared).
@@ -167,16 +162,7 @@ async fn main() -> Result<()> {
     progress("teardown measured");
 
     // 4. Full pod to RUNNING: RunPodSandbox + CreateContainer + StartContainer.
-    let mut full: [Vec<f64>; 3] = Default::default();
-    for i in 0..n {
-        for (k, h) in HANDLERS.iter().enumerate() {
-            let started = Instant::now();
-            let (pod, cfg) = run_pod(&rig, &mut cri, h, &format!("full{i}")).await?;
-            cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
-            full[k].push(started.elapsed().as_secs_f64() * 1000.0);
-            cri.stop_and_remove_pod(&pod).await?;
-        }
-    }
+    let full = pod_to_running(&rig, &mut cri, "full", n).await?;
     report.latency("pod to RUNNING", "ms", &full);
     report.latency("Stop+RemovePodSandbox", "ms", &teardown);
     progress("pod to RUNNING measured");
@@ -269,21 +255,8 @@ async fn builtin_runtime(n: usize) -> Result<Report> {
     };
     let rig = Rig::start(options).await?;
     let mut cri = rig.cri().await?;
-    for h in HANDLERS {
-        let (pod, cfg) = run_pod(&rig, &mut cri, h, "warm").await?;
-        cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
-        cri.stop_and_remove_pod(&pod).await?;
-    }
-    let mut full: [Vec<f64>; 3] = Default::default();
-    for i in 0..n {
-        for (k, h) in HANDLERS.iter().enumerate() {
-            let started = Instant::now();
-            let (pod, cfg) = run_pod(&rig, &mut cri, h, &format!("builtin{i}")).await?;
-            cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
-            full[k].push(started.elapsed().as_secs_f64() * 1000.0);
-            cri.stop_and_remove_pod(&pod).await?;
-        }
-    }
+    warm(&rig, &mut cri).await?;
+    let full = pod_to_running(&rig, &mut cri, "builtin", n).await?;
     let mut report = Report::new(n, &["corral+builtin", "corral-node+builtin", "runc"], load);
     report.latency("pod to RUNNING", "ms", &full);
     report.load_after = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -350,6 +323,31 @@ async fn start_split(n: usize, runtime: Runtime) -> Result<String> {
         out.push_str("  runc         (containerd's runc shim logs no such split)\n");
     }
     Ok(out)
+}
+
+/// Warms caches for each handler: one pod with a container, then gone.
+async fn warm(rig: &Rig, cri: &mut Cri) -> Result<()> {
+    for h in HANDLERS {
+        let (pod, cfg) = run_pod(rig, cri, h, "warm").await?;
+        cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
+        cri.stop_and_remove_pod(&pod).await?;
+    }
+    Ok(())
+}
+
+/// RunPodSandbox + CreateContainer + StartContainer, `n` per handler, alternating; ms each.
+async fn pod_to_running(rig: &Rig, cri: &mut Cri, tag: &str, n: usize) -> Result<[Vec<f64>; 3]> {
+    let mut full: [Vec<f64>; 3] = Default::default();
+    for i in 0..n {
+        for (k, h) in HANDLERS.iter().enumerate() {
+            let started = Instant::now();
+            let (pod, cfg) = run_pod(rig, cri, h, &format!("{tag}{i}")).await?;
+            cri.run_container(&pod, &cfg, &container_config("app", "exec sleep 1000")).await?;
+            full[k].push(started.elapsed().as_secs_f64() * 1000.0);
+            cri.stop_and_remove_pod(&pod).await?;
+        }
+    }
+    Ok(full)
 }
 
 async fn run_pod(
