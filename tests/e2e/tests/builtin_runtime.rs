@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use corral_rig::cri::{container_config, log_dir, pod_config, wait_for_text};
 use corral_rig::{cgroup, probe, scaled, Options, Rig};
-use k8s_cri::v1::{security_profile::ProfileType, SecurityProfile};
+use k8s_cri::v1::{security_profile::ProfileType, Mount, SecurityProfile};
 
 const HANDLER: &str = "corral";
 const STATE: &str = "/run/corral/oci/k8s.io";
@@ -131,7 +131,14 @@ async fn a_container_whose_setup_fails_names_the_cause_and_leaves_nothing() -> R
     missing.command = vec!["/no/such/binary".into()];
     let mut bad_cwd = container_config("badcwd", "true");
     bad_cwd.working_dir = "/etc/passwd".into();
-    let cases = [(missing, "/no/such/binary"), (bad_cwd, "/etc/passwd")];
+    // A file mounted over a directory of the image: the bind fails in the container's init.
+    let mut bad_mount = container_config("badmount", "true");
+    bad_mount.mounts = vec![Mount {
+        host_path: "/etc/hostname".into(),
+        container_path: "/bin".into(),
+        ..Default::default()
+    }];
+    let cases = [(missing, "/no/such/binary"), (bad_cwd, "/etc/passwd"), (bad_mount, "/etc/hostname")];
     for (config, cause) in cases {
         let name = config.metadata.as_ref().unwrap().name.clone();
         let id = cri.create_container(&pod, &pod_cfg, &config).await;
