@@ -51,6 +51,9 @@ fn create(
     let config = spec::read(bundle)?;
     let v2 = cgroup_v2();
     spec::refuse_unsupported(&config, global.systemd_cgroup, v2)?;
+    if v2 && !global.systemd_cgroup {
+        make_cgroup_parents(&config)?;
+    }
     make_root(&global.root)?;
     // Kept open until the container's init has joined its namespaces.
     let (bundle, _namespace_files) = match userns_bundle(bundle, config)? {
@@ -76,6 +79,26 @@ fn create(
             return Err(e);
         }
     }
+    Ok(())
+}
+
+/// libcgroups' v2 manager creates each missing directory of a container's cgroup path with a
+/// check-then-mkdir, so two containers started at once under a parent neither made (containerd's
+/// `/k8s.io` for pods without a cgroup parent) race, and the loser fails with EEXIST. The
+/// parents are made here first, where an existing one is no error.
+fn make_cgroup_parents(config: &serde_json::Value) -> Result<(), Failure> {
+    let Some(path) = config.pointer("/linux/cgroupsPath").and_then(serde_json::Value::as_str) else {
+        return Ok(());
+    };
+    let Some(parent) = Path::new(path).parent().filter(|p| p.is_absolute() && *p != Path::new("/")) else {
+        return Ok(());
+    };
+    let relative = parent.strip_prefix("/")?;
+    if !relative.components().all(|c| matches!(c, std::path::Component::Normal(_))) {
+        return Err(format!("config.json: linux.cgroupsPath {path:?}: not a plain path").into());
+    }
+    let dir = Path::new("/sys/fs/cgroup").join(relative);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("create cgroup {}: {e}", dir.display()))?;
     Ok(())
 }
 
