@@ -43,7 +43,9 @@ async fn containers_run_without_runc_and_leave_nothing() -> Result<()> {
     let rig = Rig::start(options()).await?;
     let mut cri = rig.cri().await?;
     let logs = log_dir(&rig.dir, "builtin");
-    let pod_cfg = pod_config("builtin", &logs);
+    // Under systemd a slice parent, so the containers take systemd's driver (on the VM); the
+    // failure test below keeps no parent: cgroupfs on either cgroup version.
+    let pod_cfg = rig.pod_config("builtin");
     let pod = cri.run_pod(&pod_cfg, HANDLER).await?;
     let holder = probe::holder_of(&pod).context("the pod's holder")?;
     // pid 1 of its pid namespace: it ends on SIGTERM only through its handler.
