@@ -51,6 +51,7 @@ fn create(
     let config = spec::read(bundle)?;
     let v2 = cgroup_v2();
     spec::refuse_unsupported(&config, global.systemd_cgroup, v2)?;
+    let devices = spec::device_rules(&config)?;
     if v2 && !global.systemd_cgroup {
         make_cgroup_parents(&config)?;
     }
@@ -71,7 +72,7 @@ fn create(
         .with_detach(true)
         .build()?;
     if global.systemd_cgroup && v2 {
-        if let Err(e) = systemd_v2_devices(&bundle, id, &global.root) {
+        if let Err(e) = systemd_v2_devices(&devices, id, &global.root) {
             // Never leave a container without its device rules: remove it.
             if let Ok(mut container) = Container::load(global.root.join(id)) {
                 let _ = container.delete(true);
@@ -111,10 +112,11 @@ fn cgroup_v2() -> bool {
 /// systemd manager does not), which would let a container with CAP_MKNOD reach any host device.
 /// runc attaches the program in both cases; so does this, to the scope systemd made, while the
 /// init still waits for `start`.
-fn systemd_v2_devices(bundle: &Path, id: &str, root: &Path) -> Result<(), Failure> {
-    let spec = libcontainer::oci_spec::runtime::Spec::load(bundle.join("config.json"))?;
-    let devices =
-        spec.linux().as_ref().and_then(|l| l.resources().as_ref()).and_then(|r| r.devices().clone());
+fn systemd_v2_devices(
+    devices: &Option<Vec<libcontainer::oci_spec::runtime::LinuxDeviceCgroup>>,
+    id: &str,
+    root: &Path,
+) -> Result<(), Failure> {
     let pid = Container::load(root.join(id))?.pid().ok_or("the created container has no pid")?;
     let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
     let relative = cgroups
@@ -122,7 +124,7 @@ fn systemd_v2_devices(bundle: &Path, id: &str, root: &Path) -> Result<(), Failur
         .find_map(|l| l.strip_prefix("0::"))
         .ok_or_else(|| format!("no cgroup v2 entry in /proc/{pid}/cgroup"))?;
     let dir = Path::new("/sys/fs/cgroup").join(relative.trim_start_matches('/'));
-    libcgroups::v2::devices::Devices::apply_devices(&dir, &devices)
+    libcgroups::v2::devices::Devices::apply_devices(&dir, devices)
         .map_err(|e| format!("device rules for {}: {}", dir.display(), chain(&e)))?;
     Ok(())
 }

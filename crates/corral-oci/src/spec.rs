@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use libcontainer::oci_spec::runtime::LinuxDeviceCgroup;
 use serde_json::Value;
 
 pub fn read(bundle: &Path) -> Result<Value, String> {
@@ -30,6 +31,17 @@ pub fn refuse_unsupported(spec: &Value, systemd_cgroup: bool, cgroup_v2: bool) -
         );
     }
     Ok(())
+}
+
+/// The spec's device cgroup rules (`linux.resources.devices`), for the device program corral-oci
+/// attaches itself under systemd's driver on cgroup v2.
+pub fn device_rules(spec: &Value) -> Result<Option<Vec<LinuxDeviceCgroup>>, String> {
+    let Some(rules) = spec.pointer("/linux/resources/devices").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    serde_json::from_value(rules.clone())
+        .map(Some)
+        .map_err(|e| format!("config.json: linux.resources.devices: {e}"))
 }
 
 /// Whether the container joins an existing user namespace (a path: the pod's).
@@ -95,6 +107,23 @@ mod tests {
                 (other, _) => panic!("{spec} systemd={systemd} v2={v2}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn device_rules_are_read_or_named() {
+        assert!(device_rules(&json!({"linux": {}})).unwrap().is_none());
+        assert!(device_rules(&json!({"linux": {"resources": {"devices": null}}})).unwrap().is_none());
+        let rules = json!({"linux": {"resources": {"devices": [
+            {"allow": false, "access": "rwm"},
+            {"allow": true, "type": "c", "major": 1, "minor": 3, "access": "rwm"},
+        ]}}});
+        let rules = device_rules(&rules).unwrap().unwrap();
+        assert_eq!(rules.len(), 2);
+        assert!(!rules[0].allow() && rules[1].allow());
+        assert_eq!(rules[1].major(), Some(1));
+        let err =
+            device_rules(&json!({"linux": {"resources": {"devices": [{"allow": "yes"}]}}})).unwrap_err();
+        assert!(err.starts_with("config.json: linux.resources.devices: "), "{err}");
     }
 
     #[test]

@@ -357,8 +357,9 @@ fn set_name(n: u64) -> String {
     format!("{}-{}-{n}", me.pid, me.start)
 }
 
-/// The copies expose their sources (pod volumes: secrets, tokens) to whoever can walk to them:
-/// only root may, whatever the umask and whoever made the directory first.
+/// The copies expose their sources (pod volumes: secrets, tokens) to whoever can walk to them.
+/// This directory is root's whatever the umask and whoever made it first, and others may pass
+/// through it but not list it; each set below is 0700, root's or its container root's.
 fn private_dir(dir: &Path) -> Result<()> {
     std::fs::DirBuilder::new().mode(0o711).recursive(true).create(dir).with_path("create", dir)?;
     let meta = std::fs::symlink_metadata(dir).with_path("stat", dir)?;
