@@ -101,7 +101,19 @@ async fn delete_still_releases_a_stopped_pod_whose_server_died() -> Result<()> {
         (std::path::Path::new(&socket).exists() || !left.is_empty()).then(|| format!("socket or {left:?}"))
     })
     .await?;
-    let status = cri.pod_status(&pod).await?.status.context("status")?;
+    // Right after the server dies a status call may fail while containerd's connection to it
+    // closes ("ttrpc: closed", seen once in node mode): kubelet asks again, and so does this.
+    let deadline = std::time::Instant::now() + corral_rig::scaled(Duration::from_secs(5));
+    let status = loop {
+        match cri.pod_status(&pod).await {
+            Ok(status) => break status,
+            Err(e) if std::time::Instant::now() < deadline && e.to_string().contains("ttrpc: closed") => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let status = status.status.context("status")?;
     assert_eq!(status.state, PodSandboxState::SandboxNotready as i32);
     cri.remove_pod(&pod).await?;
     let left = probe::mounts_under(&[&rig.state, &rig.root]);
