@@ -14,9 +14,4 @@ echo "test.sh: the end-to-end suite in node mode"
 # alone unifies features differently and would build every test binary a second time.
 CORRAL_MODE=node cargo test --workspace --test "*" -- --test-threads=2
 echo "test.sh: the end-to-end suite with the builtin OCI runtime (corral-oci)"
-# Skipped in this pass only: the two user-namespace tests that exec into a hostUsers:false
-# container, which the builtin runtime refuses (libcontainer 0.7's exec cannot join the user
-# namespace; user_namespace's builtin test checks the refusal). They run in the passes above.
-CORRAL_RUNC=builtin cargo test --workspace --test "*" -- --test-threads=2 \
-  --skip a_container_in_a_user_namespace_pod_owns_its_idmapped_rootfs \
-  --skip an_id_mapped_volume_keeps_the_host_owners_inside_the_pod
+CORRAL_RUNC=builtin cargo test --workspace --test "*" -- --test-threads=2

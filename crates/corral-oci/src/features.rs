@@ -2,7 +2,7 @@
 //!
 //! containerd reads a runtime's features through corral's `-info` (which adjusts them, see
 //! corral's `shim/info.rs`): CRI enables user namespaces only when "user" is among the
-//! namespaces (left out here: exec cannot join one, see `ops.rs`), and recursive read-only mounts only when "rro" is among the mount options. The
+//! namespaces, and recursive read-only mounts only when "rro" is among the mount options. The
 //! lists say what libcontainer 0.7 implements: its mount option table
 //! (`syscall/linux.rs`), namespaces, hooks, and seccomp through libseccomp.
 
@@ -69,9 +69,7 @@ pub fn document() -> serde_json::Value {
         "hooks": ["prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"],
         "mountOptions": MOUNT_OPTIONS,
         "linux": {
-            // No "user": exec cannot join a container's user namespace (see ops.rs), so CRI
-            // must not send user-namespaced pods to this runtime.
-            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "uts"],
+            "namespaces": ["cgroup", "ipc", "mount", "network", "pid", "user", "uts"],
             "cgroup": { "v1": true, "v2": true, "systemd": true, "systemdUser": false },
             "seccomp": {
                 "enabled": true,

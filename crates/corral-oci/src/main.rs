@@ -11,6 +11,7 @@
 //! the log (the `--log` file, else stderr), the line corral quotes in its own error.
 
 mod args;
+mod exec;
 mod features;
 mod log;
 mod ops;

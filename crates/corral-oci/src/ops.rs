@@ -21,7 +21,7 @@ pub fn run(global: &Global, command: Command) -> Result<(), String> {
             create(global, &id, &bundle, pid_file, console_socket).map_err(|e| chain(&*e))
         }
         Command::Exec { id, process, pid_file, console_socket } => {
-            exec(global, &id, &process, pid_file, console_socket).map_err(|e| chain(&*e))
+            crate::exec::run(global, &id, &process, pid_file, console_socket).map_err(|e| chain(&*e))
         }
         Command::Start { id } => load(global, &id)?.start().map_err(|e| chain(&e)),
         Command::Kill { id, signal, all } => {
@@ -36,7 +36,7 @@ pub fn run(global: &Global, command: Command) -> Result<(), String> {
     }
 }
 
-type Failure = Box<dyn Error>;
+pub type Failure = Box<dyn Error>;
 
 /// The container's init, created and waiting for `start`; it inherits this process's fds 0-2
 /// (the container's stdio, as corral hands them to runc) and becomes a child of this process,
@@ -168,69 +168,6 @@ fn userns_bundle(
     Ok(Some((adapted, files)))
 }
 
-/// A process in a running container, from an OCI process document; returns once it exec'd.
-///
-/// libcontainer leaves each exec's start socket (`tenant-notify-<random>.sock`) in the
-/// container's state directory, where a container probed by exec every few seconds would gather
-/// thousands. Execs of one container are serialized by a lock on that directory (they hold it
-/// for the few milliseconds of the build, not for the process's life), so the sockets that
-/// appeared meanwhile are this exec's own, and removed.
-fn exec(
-    global: &Global,
-    id: &str,
-    process: &Path,
-    pid_file: Option<PathBuf>,
-    console_socket: Option<PathBuf>,
-) -> Result<(), Failure> {
-    let container = load(global, id)?;
-    refuse_exec_in_user_namespace(&container)?;
-    let dir = global.root.join(id);
-    let lock = std::fs::File::open(&dir).map_err(|e| format!("open {}: {e}", dir.display()))?;
-    // Released when `lock` closes (at exit at the latest).
-    // SAFETY: flock on an open fd this function owns; it takes no pointers.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
-        return Err(format!("lock {}: {}", dir.display(), std::io::Error::last_os_error()).into());
-    }
-    let before = tenant_sockets(&dir);
-    let built = ContainerBuilder::new(id.to_string(), SyscallType::Linux)
-        .with_root_path(&global.root)?
-        .with_pid_file(pid_file)?
-        .with_console_socket(console_socket)
-        .as_tenant()
-        .with_process(Some(process))
-        .with_detach(true)
-        .build();
-    for socket in tenant_sockets(&dir).difference(&before) {
-        let _ = std::fs::remove_file(dir.join(socket));
-    }
-    built?;
-    Ok(())
-}
-
-fn tenant_sockets(dir: &Path) -> std::collections::HashSet<std::ffi::OsString> {
-    let entries = std::fs::read_dir(dir).into_iter().flatten().flatten();
-    entries.map(|e| e.file_name()).filter(|n| n.to_string_lossy().starts_with("tenant-")).collect()
-}
-
-/// libcontainer 0.7's exec joins the init's namespaces except its user namespace, so a process
-/// exec'd into a user-namespaced container would run as the host's root beside it. Refused
-/// until that is solved; corral-oci's `features` claims no user namespaces for the same reason
-/// (so CRI sends it no `hostUsers: false` pods).
-fn refuse_exec_in_user_namespace(container: &Container) -> Result<(), String> {
-    let Some(pid) = container.pid() else { return Ok(()) };
-    let user_ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/user")).ok();
-    let (theirs, ours) = (user_ns(&pid.as_raw().to_string()), user_ns("self"));
-    if theirs.is_some() && theirs != ours {
-        return Err(format!(
-            "exec into container {:?}: it runs in its own user namespace, and the builtin runtime \
-             (libcontainer {}) cannot join one for exec; use runc for pods with hostUsers: false",
-            container.id(),
-            crate::features::LIBCONTAINER
-        ));
-    }
-    Ok(())
-}
-
 /// As `runc delete`: a container whose state is gone (or was never written, after a create
 /// that failed early) only has its directory removed; with `force` that is success.
 fn delete(global: &Global, id: &str, force: bool) -> Result<(), String> {
@@ -283,7 +220,7 @@ fn cgroup_manager(global: &Global, id: &str) -> Result<AnyCgroupManager, String>
     .map_err(|e| chain(&e))
 }
 
-fn load(global: &Global, id: &str) -> Result<Container, String> {
+pub fn load(global: &Global, id: &str) -> Result<Container, String> {
     let dir = global.root.join(id);
     if !dir.join("state.json").exists() {
         return Err(format!("container {id:?} does not exist"));
@@ -317,18 +254,22 @@ pub fn with_process_context(message: String, bundle: &Path) -> String {
     let spec = std::fs::read_to_string(bundle.join("config.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
-    let Some(process) = spec.as_ref().map(|s| &s["process"]) else { return message };
+    match spec.as_ref().and_then(|s| process_context(&message, &s["process"])) {
+        Some(context) => format!("{message}: {context}"),
+        None => message,
+    }
+}
+
+/// What `with_process_context` adds. Every failure of the container's init says "exec process
+/// failed" (libcontainer's name for that process), so only the exec call's own words
+/// (`execvp`, `executable`) point at the program.
+fn process_context(message: &str, process: &serde_json::Value) -> Option<String> {
     if message.contains("chdir") {
-        if let Some(cwd) = process["cwd"].as_str() {
-            return format!("{message}: process.cwd {cwd:?}");
-        }
+        return process["cwd"].as_str().map(|cwd| format!("process.cwd {cwd:?}"));
     }
-    if let Some(arg0) =
-        process["args"][0].as_str().filter(|a| !message.contains(*a) && message.contains("exec"))
-    {
-        return format!("{message}: process.args[0] {arg0:?}");
-    }
-    message
+    let about_the_program = message.contains("execvp") || message.contains("executable");
+    let arg0 = process["args"][0].as_str().filter(|a| about_the_program && !message.contains(*a))?;
+    Some(format!("process.args[0] {arg0:?}"))
 }
 
 /// The error and its causes, each once: libcontainer's errors are often `transparent`, so a
@@ -376,6 +317,22 @@ mod tests {
         }
         let err = Outer(std::io::Error::from_raw_os_error(2));
         assert_eq!(chain(&err), "mount /proc: No such file or directory (os error 2)");
+    }
+
+    #[test]
+    fn only_a_failed_chdir_or_exec_gets_the_process_named() {
+        let process = serde_json::json!({"cwd": "/etc/passwd", "args": ["/bin/app", "-x"]});
+        let cases = [
+            ("failed to chdir e=ENOTDIR", Some("process.cwd \"/etc/passwd\"")),
+            ("failed to execvp e=EACCES", Some("process.args[0] \"/bin/app\"")),
+            ("error 'ENOENT' executing '\"/bin/app\"'", None),
+            ("exec process failed with error ... failed to set groups err=EINVAL", None),
+            ("exec process failed with error failed to prepare rootfs", None),
+        ];
+        for (message, expected) in cases {
+            assert_eq!(process_context(message, &process).as_deref(), expected, "{message}");
+        }
+        assert_eq!(process_context("failed to chdir", &serde_json::json!({})), None);
     }
 
     #[test]

@@ -73,6 +73,46 @@ pub fn name_namespaces_by_fd(
     Ok(())
 }
 
+/// The spec an exec'd process is made from: the container's own spec with the exec's `process`,
+/// and a `linux` section that joins every namespace of the running init (`/proc/<pid>/ns/*`,
+/// the user namespace included) and keeps what applies to each of the container's processes:
+/// its cgroup, seccomp profile, personality and time offsets. What made the container once
+/// (hostname, hooks, mounts' and devices' setup, resources, sysctls) is dropped.
+///
+/// libcontainer 0.7's own exec keeps the namespaces but `user`, and none of `linux` but the
+/// cgroup path, personality and time offsets: its processes would run outside the container's
+/// user namespace and without its seccomp filter, both of which runc's exec applies.
+pub fn for_exec(container: &Value, process: Value, init_pid: i32) -> Result<Value, String> {
+    let linux = container.get("linux").ok_or("the container's config.json has no linux section")?;
+    let mut namespaces = Vec::new();
+    for ns in linux["namespaces"].as_array().into_iter().flatten() {
+        let kind = ns["type"].as_str().unwrap_or_default();
+        let file = match kind {
+            "network" => "net",
+            "mount" => "mnt",
+            "pid" | "ipc" | "uts" | "user" | "cgroup" | "time" => kind,
+            other => {
+                return Err(format!("the container's config.json: linux.namespaces: unknown type {other:?}"))
+            }
+        };
+        namespaces.push(serde_json::json!({"type": kind, "path": format!("/proc/{init_pid}/ns/{file}")}));
+    }
+    let mut joined = serde_json::json!({ "namespaces": namespaces });
+    for key in ["cgroupsPath", "seccomp", "personality", "timeOffsets"] {
+        if let Some(value) = linux.get(key).filter(|v| !v.is_null()) {
+            joined[key] = value.clone();
+        }
+    }
+    let mut spec = container.clone();
+    let object = spec.as_object_mut().ok_or("the container's config.json is not an object")?;
+    for made_once in ["hostname", "domainname", "hooks"] {
+        object.remove(made_once);
+    }
+    object.insert("process".into(), process);
+    object.insert("linux".into(), joined);
+    Ok(spec)
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -167,5 +207,58 @@ mod tests {
         let err =
             name_namespaces_by_fd(&mut absolute, Path::new("/b"), |_, p| Err(format!("open {p}: ENOENT")));
         assert_eq!(err.unwrap_err(), "open /gone: ENOENT");
+    }
+
+    #[test]
+    fn an_exec_joins_every_namespace_of_the_init_and_keeps_its_confinement() {
+        let container = json!({
+            "ociVersion": "1.2.0",
+            "hostname": "pod",
+            "hooks": {"poststart": []},
+            "root": {"path": "/r"},
+            "process": {"args": ["sleep", "1000"]},
+            "mounts": [{"destination": "/proc", "type": "proc"}],
+            "linux": {
+                "namespaces": [
+                    {"type": "user", "path": "/pins/user"}, {"type": "network", "path": "/pins/net"},
+                    {"type": "mount"}, {"type": "pid"}, {"type": "ipc"}, {"type": "uts"},
+                    {"type": "cgroup"},
+                ],
+                "cgroupsPath": "/k8s.io/c1",
+                "seccomp": {"defaultAction": "SCMP_ACT_ERRNO"},
+                "personality": null,
+                "maskedPaths": ["/proc/keys"],
+                "sysctl": {"net.ipv4.ip_forward": "1"},
+                "resources": {"memory": {"limit": 1}},
+            },
+        });
+        let exec = for_exec(&container, json!({"args": ["sh"]}), 42).unwrap();
+        assert_eq!(exec["process"], json!({"args": ["sh"]}));
+        assert_eq!(exec["root"], container["root"]);
+        assert_eq!(exec["mounts"], container["mounts"], "kept: libcontainer makes no rootfs for an exec");
+        assert!(exec.get("hostname").is_none() && exec.get("hooks").is_none());
+        let kinds = ["user", "network", "mount", "pid", "ipc", "uts", "cgroup"];
+        let files = ["user", "net", "mnt", "pid", "ipc", "uts", "cgroup"];
+        let expected: Vec<_> = kinds
+            .iter()
+            .zip(files)
+            .map(|(k, f)| json!({"type": k, "path": format!("/proc/42/ns/{f}")}))
+            .collect();
+        assert_eq!(
+            exec["linux"],
+            json!({
+                "namespaces": expected,
+                "cgroupsPath": "/k8s.io/c1",
+                "seccomp": {"defaultAction": "SCMP_ACT_ERRNO"},
+            }),
+            "masked paths, sysctls and resources were the init's setup; a null personality is left out"
+        );
+
+        let odd = json!({"linux": {"namespaces": [{"type": "net"}]}});
+        assert_eq!(
+            for_exec(&odd, json!({}), 1).unwrap_err(),
+            "the container's config.json: linux.namespaces: unknown type \"net\""
+        );
+        assert!(for_exec(&json!({}), json!({}), 1).unwrap_err().contains("no linux section"));
     }
 }

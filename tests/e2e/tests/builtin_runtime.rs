@@ -5,6 +5,7 @@
 //! The whole suite also runs with the builtin runtime (scripts/test.sh); this file holds what
 //! is specific to it (its user namespace case is in `user_namespace`: it needs a 6.3+ kernel).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -82,10 +83,18 @@ async fn containers_run_without_runc_and_leave_nothing() -> Result<()> {
     let bounding = u64::from_str_radix(&field("CapBnd:"), 16)?;
     assert_eq!(bounding & (1 << 21), 0, "no CAP_SYS_ADMIN in the bounding set: {bounding:#x}");
     assert_ne!(bounding & (1 << 27), 0, "CAP_MKNOD, one of CRI's defaults, is kept: {bounding:#x}");
+    let files_in = |dir: &Path| -> Result<BTreeSet<_>> {
+        Ok(std::fs::read_dir(dir)?.flatten().map(|e| e.file_name()).collect())
+    };
+    let state_before_execs = files_in(&state)?;
     let (code, out, err) = cri.exec_sync(&c, &["stat", "-c", "%t:%T", "/proc/timer_list"]).await?;
     assert_eq!((code, out.trim()), (0, "1:3"), "/proc/timer_list is masked with /dev/null: {err}");
     let (code, _, err) = cri.exec_sync(&c, &["sh", "-c", "echo 1 > /proc/sys/kernel/domainname"]).await?;
     assert!(code != 0 && err.contains("Read-only file system"), "/proc/sys is read-only: {code} {err}");
+    // An exec'd process gets the container's filter too, as runc gives it (libcontainer 0.7's
+    // own exec would drop it; corral-oci assembles exec itself).
+    let (code, out, err) = cri.exec_sync(&c, &["grep", "^Seccomp:", "/proc/self/status"]).await?;
+    assert_eq!((code, out.split_whitespace().collect::<Vec<_>>()), (0, vec!["Seccomp:", "2"]), "{err}");
     let (code, out, _) = cri.exec_sync(&c, &["cat", "/proc/1/cmdline"]).await?;
     assert_eq!(code, 0);
     assert!(
@@ -101,10 +110,10 @@ async fn containers_run_without_runc_and_leave_nothing() -> Result<()> {
     for _ in 0..3 {
         assert_eq!(cri.exec_sync(&c, &["true"]).await?.0, 0);
     }
-    let state_files: Vec<_> = std::fs::read_dir(&state)?.flatten().map(|e| e.file_name()).collect();
-    assert!(
-        !state_files.iter().any(|n| n.to_string_lossy().starts_with("tenant-")),
-        "each exec's start socket is removed: {state_files:?}"
+    assert_eq!(
+        files_in(&state)?,
+        state_before_execs,
+        "each exec's files (start socket, tty link) are removed"
     );
     let memory = memory_cgroup_of(pid)?;
     assert!(memory.is_dir(), "{}", memory.display());

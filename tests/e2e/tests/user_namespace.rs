@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use corral_rig::cri::{container_config, container_ns, pod_ns};
 use corral_rig::{probe, Options, Rig};
-use k8s_cri::v1::{IdMapping, Mount, MountPropagation, NamespaceMode, UserNamespace};
+use k8s_cri::v1::security_profile::ProfileType;
+use k8s_cri::v1::{IdMapping, Mount, MountPropagation, NamespaceMode, SecurityProfile, UserNamespace};
 
 /// The inode of the user namespace that owns namespace file `path` (ioctl NS_GET_USERNS).
 fn owner_inode(path: &str) -> Result<u64> {
@@ -207,10 +208,11 @@ async fn an_id_mapped_volume_keeps_the_host_owners_inside_the_pod() -> Result<()
 }
 
 /// corral's builtin OCI runtime (corral-oci): a container of a hostUsers:false pod runs in the
-/// pod's user namespace, but exec into it is refused (libcontainer 0.7's exec would not join
-/// the user namespace); scripts/test.sh's builtin pass skips the two tests above, which exec.
+/// pod's user namespace, and so does a process exec'd into it (libcontainer 0.7's own exec
+/// would run it outside, as the host's root: corral-oci assembles exec itself), with the
+/// container's seccomp filter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_builtin_runtime_runs_a_user_namespaced_container_and_refuses_exec_into_it() -> Result<()> {
+async fn the_builtin_runtime_runs_and_execs_in_the_pods_user_namespace() -> Result<()> {
     // The builtin runtime whatever runtime this run's other tests use.
     let options = Options {
         shim_env: vec!["CORRAL_RUNC=builtin".into()],
@@ -227,6 +229,10 @@ async fn the_builtin_runtime_runs_a_user_namespaced_container_and_refuses_exec_i
     let holder = probe::holder_of(&pod).context("the pod's holder")?;
     let mut ctr = container_config("app", "exec sleep 1000");
     container_ns(&mut ctr).userns_options = Some(userns());
+    let security =
+        ctr.linux.as_mut().and_then(|l| l.security_context.as_mut()).context("security context")?;
+    security.seccomp =
+        Some(SecurityProfile { profile_type: ProfileType::RuntimeDefault as i32, ..Default::default() });
     let c = cri.run_container(&pod, &cfg, &ctr).await.context("a container of a hostUsers:false pod")?;
 
     let pid = cri.container_pid(&c).await?;
@@ -237,14 +243,73 @@ async fn the_builtin_runtime_runs_a_user_namespaced_container_and_refuses_exec_i
         probe::ns(holder, "user")?,
         "the init is in the pod's user namespace"
     );
-    // libcontainer 0.7's exec would not join it: refused, with the reason, and nothing runs.
-    let before = probe::pids_in_cgroup_of(&c).len();
-    let err = cri.exec_sync(&c, &["id"]).await.expect_err("exec into a user-namespaced container is refused");
-    assert!(err.to_string().contains("cannot join one for exec"), "{err}");
-    assert_eq!(probe::pids_in_cgroup_of(&c).len(), before, "no process was started");
+    // An exec'd process: root of the pod's user namespace (CRI's mapping, not the host's),
+    // under the container's seccomp filter, in the container's cgroup.
+    let script =
+        "cat /proc/self/uid_map; id -u; grep ^Seccomp: /proc/self/status; readlink /proc/self/ns/user";
+    let (code, out, err) = cri.exec_sync(&c, &["sh", "-c", script]).await?;
+    assert_eq!(code, 0, "exec into a user-namespaced container: {err}");
+    let words: Vec<_> = out.split_whitespace().collect();
+    assert_eq!(words[..4], ["0", "196608", "65536", "0"], "the exec'd process is the pod's root: {out}");
+    assert_eq!(words[4..6], ["Seccomp:", "2"], "the container's seccomp filter: {out}");
+    let holder_ns = std::fs::read_link(format!("/proc/{holder}/ns/user"))?;
+    assert_eq!(words[6], holder_ns.to_string_lossy(), "the exec joined the pod's user namespace");
+    let (code, out, err) =
+        cri.exec_sync(&c, &["sh", "-c", "touch /root-owned && stat -c %u /root-owned"]).await?;
+    assert_eq!((code, out.trim()), (0, "0"), "root inside may write its rootfs: {err}");
     cri.stop_and_remove_pod(&pod).await?;
     let left: Vec<_> =
         probe::mounts_containing(&c).into_iter().chain(probe::mounts_containing(COPIES_DIR)).collect();
     assert!(left.is_empty(), "mounts left: {left:?}");
+    Ok(())
+}
+
+/// A container whose user the pod's user namespace does not fully map (a supplementary group
+/// 70000 of a 65536-id mapping; containerd checks the uid and gid itself, but not these) cannot be
+/// set up: the runtime's setgroups fails half-way through the container's setup. The error
+/// names the call (runc: "setgroups: invalid argument"; the builtin runtime also lists the
+/// groups), and nothing is left of the container: no process, runtime state, mount or idmapped
+/// copy. The pod goes on. Whatever runtime this run uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_the_pod_does_not_map_fails_naming_it_and_leaves_nothing() -> Result<()> {
+    let rig = Rig::start(Options::default()).await?;
+    let mut cri = rig.cri().await?;
+    let mut cfg = rig.pod_config("userns-bad-user");
+    pod_ns(&mut cfg).userns_options = Some(userns_pod());
+    let pod = cri.run_pod(&cfg, "corral").await?;
+    let mut ctr = container_config("unmapped", "true");
+    container_ns(&mut ctr).userns_options = Some(userns_pod());
+    let security =
+        ctr.linux.as_mut().and_then(|l| l.security_context.as_mut()).context("security context")?;
+    security.supplemental_groups = vec![70_000];
+    let (id, err) = match cri.create_container(&pod, &cfg, &ctr).await {
+        Err(e) => (None, e.to_string()),
+        Ok(id) => match cri.start_container(&id).await {
+            Err(e) => (Some(id), e.to_string()),
+            Ok(()) => anyhow::bail!("a container with an unmapped group started"),
+        },
+    };
+    eprintln!("unmapped group: {err}");
+    assert!(err.contains("setgroups") || err.contains("set groups"), "the error names the call: {err}");
+    if corral_rig::builtin_runtime() {
+        assert!(err.contains("70000"), "the builtin runtime names the groups: {err}");
+    }
+    let id = id.context("CreateContainer accepted the container; the runtime refused it")?;
+    assert!(probe::pids_in_cgroup_of(&id).is_empty(), "no process left");
+    assert!(!corral_rig::runtime_root().join(&id).exists(), "no runtime state left");
+    cri.remove_container(&id).await?;
+    let left: Vec<_> =
+        probe::mounts_containing(&id).into_iter().chain(probe::mounts_containing(COPIES_DIR)).collect();
+    assert!(left.is_empty(), "mounts left: {left:?}");
+
+    let c = cri
+        .run_container(&pod, &cfg, &{
+            let mut fine = container_config("fine", "exec sleep 1000");
+            container_ns(&mut fine).userns_options = Some(userns_pod());
+            fine
+        })
+        .await?;
+    assert!(cri.container_pid(&c).await? > 0, "the pod still runs containers");
+    cri.stop_and_remove_pod(&pod).await?;
     Ok(())
 }
