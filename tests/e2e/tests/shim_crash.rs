@@ -91,6 +91,31 @@ async fn after_a_crash_containers_exit_and_the_pod_goes_on_both_handlers() -> Re
             }
             let window = notready.elapsed();
             cri.stop_and_remove_pod(&pod).await.with_context(|| format!("{handler} try {attempt}"))?;
+            let left =
+                || -> Vec<u32> { containers.iter().flat_map(|c| probe::pids_in_cgroup_of(c)).collect() };
+            if handler == "corral" {
+                // corral's `delete` killed every container of the dead server's pod; they are gone
+                // once reaped (by whichever ancestor inherited them).
+                eventually(Duration::from_secs(5), || {
+                    let left = left();
+                    (!left.is_empty())
+                        .then(|| format!("corral try {attempt}: container processes left: {left:?}"))
+                })
+                .await?;
+            } else {
+                // containerd 2.1.9's runc shim, killed, leaves its containers running (reparented,
+                // outside any pod containerd knows): the baseline's leak, not corral's. Cleaned
+                // up here so that test runs do not pile them up on the node.
+                let _ = eventually(Duration::from_secs(1), || (!left().is_empty()).then(String::new)).await;
+                let left = left();
+                if !left.is_empty() {
+                    eprintln!(
+                        "runc try {attempt}: the pause sandbox left {} container processes",
+                        left.len()
+                    );
+                    remove_leftovers(&left);
+                }
+            }
             eprintln!(
                 "{handler} try {attempt}: NOTREADY {:?} after the kill, EXITED {window:?} later",
                 notready - killed
@@ -100,4 +125,34 @@ async fn after_a_crash_containers_exit_and_the_pod_goes_on_both_handlers() -> Re
     let left = probe::mounts_under(&[&rig.state, &rig.root]);
     assert!(left.is_empty(), "mounts left under containerd's dirs: {left:?}");
     Ok(())
+}
+
+/// Kills processes the baseline left and removes their (then empty) cgroups.
+fn remove_leftovers(pids: &[u32]) {
+    let mut dirs = Vec::new();
+    for &pid in pids {
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        for line in cgroups.lines() {
+            let mut fields = line.splitn(3, ':');
+            let (_, controllers, path) =
+                (fields.next(), fields.next().unwrap_or(""), fields.next().unwrap_or(""));
+            let root = match controllers {
+                // cgroup v2: beside v1 on a hybrid node, alone on a unified one.
+                "" if std::path::Path::new("/sys/fs/cgroup/unified").is_dir() => {
+                    "/sys/fs/cgroup/unified".into()
+                }
+                "" => "/sys/fs/cgroup".to_string(),
+                v1 => format!("/sys/fs/cgroup/{}", v1.trim_start_matches("name=")),
+            };
+            dirs.push(std::path::PathBuf::from(root).join(path.trim_start_matches('/')));
+        }
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    }
+    for _ in 0..50 {
+        dirs.retain(|d| d.exists() && std::fs::remove_dir(d).is_err());
+        if dirs.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
