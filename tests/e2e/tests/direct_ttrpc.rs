@@ -29,6 +29,29 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
     assert_eq!(probe::ns(holder, "uts")?, host("uts"), "hostNetwork: node UTS, as containerd does");
     assert_ne!(probe::ns(holder, "ipc")?, host("ipc"), "but the pod's own IPC");
 
+    // A container whose spec names a hostname would rename the node's UTS namespace it joins
+    // (runc and corral-oci both call sethostname in a joined one): refused, naming the field,
+    // and the node keeps its name.
+    let node_name = nix::unistd::gethostname()?;
+    let renamer = format!("{id}-renamer");
+    let (bundle, rootfs) = corral_rig::direct::container_bundle(&shim.dir, &renamer, holder, &["true"])?;
+    let config = bundle.join("config.json");
+    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config)?)?;
+    spec["hostname"] = "renamed-by-a-pod".into();
+    std::fs::write(&config, serde_json::to_vec(&spec)?)?;
+    std::fs::write(bundle.join("sandbox"), &shim.id)?;
+    let create = CreateTaskRequest {
+        id: renamer.clone(),
+        bundle: bundle.display().to_string(),
+        rootfs,
+        ..Default::default()
+    };
+    let err = shim.task.create(ctx(), &create).await.expect_err("a hostname in the node's UTS namespace");
+    let err = err.to_string();
+    assert!(err.contains("config.json: hostname: ") && err.contains("renamed-by-a-pod"), "{err}");
+    assert_eq!(nix::unistd::gethostname()?, node_name, "the node keeps its name");
+    assert!(probe::mounts_containing(&renamer).is_empty(), "nothing mounted for the refused container");
+
     // A container, created the way containerd's task manager does it.
     let cid = format!("{id}-c1");
     let (bundle, created_pid) = shim.run_container(&cid, holder, &["sleep", "1000"]).await?;

@@ -36,6 +36,13 @@ impl Drop for DirectShim {
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
         let _ = std::fs::remove_file(&self.socket);
+        // The server's log (see `start_with`) outside the rig, as the Rig copies containerd's.
+        if let Some(copies) = std::env::var_os("CORRAL_RIG_LOG_COPY") {
+            let _ = std::fs::copy(
+                self.bundle.join("log"),
+                Path::new(&copies).join(format!("direct-{}.log", self.id)),
+            );
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_dir_all(self.program_dir());
         if DIRECT_CGROUPS_USED.load(std::sync::atomic::Ordering::SeqCst) {
@@ -94,6 +101,9 @@ impl DirectShim {
         let _ = std::fs::remove_dir_all(&dir);
         let bundle = dir.join("bundle");
         std::fs::create_dir_all(bundle.join("rootfs"))?;
+        // Where containerd has its log FIFO, a file: corral logs there (else its lines would be
+        // dropped with no FIFO), and a test that fails keeps them (see Drop).
+        std::fs::write(bundle.join("log"), "")?;
         let out = Command::new(shim_binary())
             .args(["-namespace", NAMESPACE, "-address"])
             .arg(address)
@@ -221,6 +231,9 @@ pub fn container_bundle(
     let path = bundle.join("config.json");
     let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
     spec["process"]["args"] = serde_json::json!(args);
+    // `runc spec` names a hostname; CRI sets none for Linux containers (they join the pod's UTS
+    // namespace, or the node's with hostNetwork), and corral refuses one there.
+    spec.as_object_mut().context("config.json")?.remove("hostname");
     spec["process"]["terminal"] = serde_json::json!(false);
     spec["root"]["readonly"] = serde_json::json!(true);
     spec["linux"]["namespaces"] = serde_json::json!([

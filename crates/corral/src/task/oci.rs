@@ -60,6 +60,8 @@ pub fn rewrite(spec: &mut Value, pod: &PodContext) -> Result<()> {
         }
     }
 
+    refuse_hostname_in_a_joined_uts(obj)?;
+
     let idmapping = pod_mount_idmapping(obj);
     let mounts = obj.entry("mounts").or_insert_with(|| json!([]));
     let mounts =
@@ -86,6 +88,30 @@ pub fn rewrite(spec: &mut Value, pod: &PodContext) -> Result<()> {
         Some(i) if is_default_shm(&mounts[i]) => mounts[i] = shm,
         Some(_) => {}
         None => mounts.push(shm),
+    }
+    Ok(())
+}
+
+/// A hostname (or NIS domain name) in the spec is set by the runtime in the container's UTS
+/// namespace, even one it joins: the pod's, whose name is the pod's hostname, or, with no UTS
+/// namespace of its own or the pod's (hostNetwork), the node's. CRI sets none for Linux
+/// containers; corral refuses one unless the container has a UTS namespace of its own, so that
+/// no container renames its pod or the node.
+fn refuse_hostname_in_a_joined_uts(spec: &serde_json::Map<String, Value>) -> Result<()> {
+    let namespaces = spec.get("linux").and_then(|l| l.get("namespaces")).and_then(Value::as_array);
+    let own_uts = namespaces
+        .into_iter()
+        .flatten()
+        .any(|ns| ns["type"] == "uts" && ns.get("path").and_then(Value::as_str).is_none_or(str::is_empty));
+    for field in ["hostname", "domainname"] {
+        let name = spec.get(field).and_then(Value::as_str).unwrap_or_default();
+        if !name.is_empty() && !own_uts {
+            return Err(Error::invalid(format!(
+                "config.json: {field}: {name:?} would rename the UTS namespace the container joins \
+                 (its pod's, or the node's for a hostNetwork pod); a container may set one only in \
+                 a UTS namespace of its own"
+            )));
+        }
     }
     Ok(())
 }
@@ -324,6 +350,30 @@ mod tests {
         let mut spec = cri_spec();
         rewrite(&mut spec, &pod()).unwrap();
         assert!(mount_at(&spec, "/dev/shm")[0].get("uidMappings").is_none());
+    }
+
+    #[test]
+    fn a_hostname_is_refused_unless_the_container_has_its_own_uts_namespace() {
+        let with = |hostname: &str, uts: Option<Value>| {
+            let mut spec = cri_spec();
+            spec["hostname"] = json!(hostname);
+            let list = spec["linux"]["namespaces"].as_array_mut().unwrap();
+            list.retain(|ns| ns["type"] != "uts");
+            list.extend(uts);
+            rewrite(&mut spec, &pod())
+        };
+        let joined = || Some(json!({"type": "uts", "path": "/proc/4242/ns/uts"}));
+        let err = with("renamed", joined()).unwrap_err().to_string();
+        assert!(err.contains("config.json: hostname: \"renamed\""), "{err}");
+        let err = with("renamed", None).unwrap_err().to_string();
+        assert!(err.contains("config.json: hostname"), "no uts entry is the node's: {err}");
+        with("renamed", Some(json!({"type": "uts"}))).expect("its own UTS namespace");
+        with("", joined()).expect("no hostname");
+
+        let mut spec = cri_spec();
+        spec["domainname"] = json!("example.org");
+        let err = rewrite(&mut spec, &pod()).unwrap_err().to_string();
+        assert!(err.contains("config.json: domainname"), "{err}");
     }
 
     #[test]
