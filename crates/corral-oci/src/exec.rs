@@ -65,7 +65,9 @@ pub fn run(
     // (unique while it runs) and removed when it returns, whatever the outcome.
     let dir = global.root.join(id);
     let tag = format!("exec-{}", std::process::id());
-    let _cleanup = RemoveOnDrop(vec![dir.join(format!("{tag}.sock")), dir.join(format!("{tag}.tty"))]);
+    let cleanup = RemoveOnDrop(vec![dir.join(format!("{tag}.sock")), dir.join(format!("{tag}.tty"))]);
+    // Left by an exec that was killed with the same pid (bind and symlink would fail on them).
+    cleanup.remove();
     let console = match &console_socket {
         Some(socket) => Some(
             libcontainer::tty::setup_console_socket(&dir, socket, &format!("{tag}.tty"))
@@ -141,10 +143,16 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
 
 struct RemoveOnDrop(Vec<PathBuf>);
 
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
+impl RemoveOnDrop {
+    fn remove(&self) {
         for path in &self.0 {
             let _ = std::fs::remove_file(path);
         }
+    }
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        self.remove();
     }
 }
