@@ -13,7 +13,10 @@
 # builds the image into target/vm/image (cached, keyed on the files that make it). Software
 # emulation (TCG) unless a quick KVM probe boots; CORRAL_VM_ACCEL=tcg|kvm forces one.
 # CORRAL_VM_MODE=node runs the tests with every corral pod in node mode (CORRAL_MODE=node in the
-# guest), as scripts/test.sh's second pass does on the host.
+# guest), as scripts/test.sh's second pass does on the host; CORRAL_VM_RUNTIME=builtin runs them
+# with corral's builtin OCI runtime (CORRAL_RUNC=builtin), as its third pass does. CORRAL_LOG and
+# CORRAL_OCI_LOG, when set here, are set in the guest too (corral's and corral-oci's log levels,
+# to trace a failure).
 # Logs: target/vm/run/{boot.log,guest.log,<test>.log,containerd/} (CORRAL_VM_RUN names another
 # directory under the checkout, for a second run beside the first).
 set -euo pipefail
@@ -23,6 +26,9 @@ vm=$ws/target/vm
 run=${CORRAL_VM_RUN:-$vm/run}
 mode=${CORRAL_VM_MODE:-pod}
 [[ $mode == pod || $mode == node ]] || { echo "test-vm: CORRAL_VM_MODE=$mode: pod or node" >&2; exit 2; }
+runtime=${CORRAL_VM_RUNTIME:-runc}
+[[ $runtime == runc || $runtime == builtin ]] ||
+  { echo "test-vm: CORRAL_VM_RUNTIME=$runtime: runc or builtin" >&2; exit 2; }
 
 # What CI runs in the VM (the host runs every test; --full runs every test here too): the test
 # files whose assertions differ between cgroup v1 + cgroupfs and v2 + systemd (pod and container
@@ -118,14 +124,14 @@ if [[ -z $accel ]]; then
     accel=kvm
   fi
 fi
-log "booting ($accel, 2 vCPUs; corral in $mode mode)"
+log "booting ($accel, 2 vCPUs; corral in $mode mode, runtime $runtime)"
 : >"$run/guest.log"
 t=$(now)
 timeout_min=$([[ $tests == all ]] && echo 240 || echo 90)
 TMPDIR=$run timeout "${timeout_min}m" qemu-system-x86_64 -accel "$accel" -smp 2 -m 4096 -cpu max \
   -nodefaults -display none -no-reboot \
   -kernel "$image/vmlinuz" -initrd "$image/initrd.img" \
-  -append "root=LABEL=corral-vm rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 panic=-1 corral.ws=$ws corral.run=$run corral.mode=$mode" \
+  -append "root=LABEL=corral-vm rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 panic=-1 corral.ws=$ws corral.run=$run corral.mode=$mode corral.runtime=$runtime${CORRAL_LOG:+ corral.log=$CORRAL_LOG}${CORRAL_OCI_LOG:+ corral.ocilog=$CORRAL_OCI_LOG}" \
   -drive "file=$image/root.img,if=virtio,format=raw,snapshot=on" \
   -virtfs "local,path=$ws,mount_tag=corral,security_model=passthrough,id=ws" \
   -serial "file:$run/boot.log" </dev/null &
