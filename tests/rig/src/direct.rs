@@ -15,6 +15,9 @@ use containerd_shim_protos::shim_async::TaskClient;
 use containerd_shim_protos::types::mount::Mount;
 use prost::Message;
 
+/// Where direct shims' programs and container images live (one directory per shim id).
+const PROGRAMS: &str = "/var/lib/corral-rig/direct";
+
 /// containerd's namespace for direct shims (so nothing collides with CRI's k8s.io).
 pub const NAMESPACE: &str = "corral-direct";
 
@@ -42,6 +45,12 @@ impl Drop for DirectShim {
                 self.bundle.join("log"),
                 Path::new(&copies).join(format!("direct-{}.log", self.id)),
             );
+            // And the runtime's own log of each container (what its init logged after `start`).
+            let tasks = self.dir.join("io.containerd.runtime.v2.task").join(NAMESPACE);
+            for task in std::fs::read_dir(tasks).into_iter().flatten().flatten() {
+                let name = format!("direct-{}-runtime.json", task.file_name().to_string_lossy());
+                let _ = std::fs::copy(task.path().join("runc-log.json"), Path::new(&copies).join(name));
+            }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_dir_all(self.program_dir());
@@ -71,7 +80,7 @@ impl DirectShim {
     /// A directory for programs a test writes and runs (logging programs), removed with the
     /// shim: on disk, since systemd mounts /run (where [`DirectShim::dir`] is) noexec.
     pub fn program_dir(&self) -> PathBuf {
-        PathBuf::from("/var/lib/corral-rig/direct").join(&self.id)
+        Path::new(PROGRAMS).join(&self.id)
     }
 }
 
@@ -213,7 +222,12 @@ pub fn container_bundle(
 ) -> Result<(PathBuf, Vec<Mount>)> {
     // The layout containerd's task manager uses, which corral checks.
     let bundle = dir.join("io.containerd.runtime.v2.task").join(NAMESPACE).join(cid);
-    let image = dir.join(format!("{cid}-image"));
+    // The image's files beside the shim's programs (see `DirectShim::program_dir`), on disk: /run
+    // is noexec under systemd, and a runtime that keeps the source's flags when it makes the root
+    // read-only (corral-oci does; runc 1.1 drops noexec) could not exec from it.
+    let image = Path::new(PROGRAMS)
+        .join(dir.file_name().context("the shim's directory has a name")?)
+        .join(format!("{cid}-image"));
     std::fs::create_dir_all(bundle.join("rootfs"))?;
     std::fs::create_dir_all(image.join("bin"))?;
     for d in ["proc", "sys", "dev", "etc", "tmp"] {
