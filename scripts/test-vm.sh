@@ -37,7 +37,7 @@ runtime=${CORRAL_VM_RUNTIME:-runc}
 # crash, holder death, containerd restarts), node mode's own tests (node_mode; the host runs the
 # whole suite in both modes). The rest takes too long under emulation for CI. builtin_runtime
 # (corral-oci under systemd's driver) runs by hand (--tests builtin_runtime) until its one failure
-# here is understood: StopContainer once got "ttrpc: closed" (13 of 14 runs passed).
+# here is understood: StopContainer once got "ttrpc: closed" (17 of 18 runs passed).
 VM_CI_TESTS=binary_flags,cgroups,oom,direct_ttrpc,pod_lifecycle,shim_crash,sandbox_death,containerd_restart,security,node_mode
 tests=$VM_CI_TESTS
 while (($#)); do
