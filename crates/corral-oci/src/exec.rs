@@ -21,7 +21,7 @@ use libcontainer::process::container_main_process::container_main_process;
 use libcontainer::syscall::syscall::SyscallType;
 
 use crate::args::Global;
-use crate::ops::{load, Failure};
+use crate::ops::{load, open_namespaces_by_fd, Failure};
 use crate::spec;
 
 pub fn run(
@@ -49,13 +49,7 @@ pub fn run(
     // named by fd: the intermediate process joins the user namespace first, and as its root it
     // could no longer open them (the create path does the same, see `ops::userns_bundle`).
     // Kept open until the process has joined them.
-    let mut namespace_files = Vec::new();
-    spec::name_namespaces_by_fd(&mut joined, bundle, |kind, path| {
-        let file = std::fs::File::open(path).map_err(|e| format!("open {kind} namespace {path}: {e}"))?;
-        let fd = file.as_raw_fd();
-        namespace_files.push(file);
-        Ok(fd)
-    })?;
+    let namespace_files = open_namespaces_by_fd(&mut joined, bundle)?;
     let spec: Spec = serde_json::from_value(joined).map_err(|e| format!("the exec's spec: {e}"))?;
     let rootfs = spec.root().as_ref().map(|r| r.path().clone()).ok_or("the container's spec has no root")?;
     let cgroup_path = spec.linux().as_ref().and_then(|l| l.cgroups_path().clone());

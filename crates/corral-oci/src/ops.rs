@@ -147,13 +147,7 @@ fn userns_bundle(
     if !spec::joins_user_namespace(&spec) {
         return Ok(None);
     }
-    let mut files = Vec::new();
-    spec::name_namespaces_by_fd(&mut spec, bundle, |kind, path| {
-        let file = std::fs::File::open(path).map_err(|e| format!("open {kind} namespace {path}: {e}"))?;
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
-        files.push(file);
-        Ok(fd)
-    })?;
+    let files = open_namespaces_by_fd(&mut spec, bundle)?;
     let adapted = bundle.join("corral-oci");
     let _ = std::fs::remove_dir_all(&adapted);
     {
@@ -166,6 +160,23 @@ fn userns_bundle(
     let out = adapted.join("config.json");
     std::fs::write(&out, spec.to_string()).map_err(|e| format!("write {}: {e}", out.display()))?;
     Ok(Some((adapted, files)))
+}
+
+/// Opens every namespace file the spec names but the user namespace's, as this process (the
+/// host's root), and names each by its fd (`spec::name_namespaces_by_fd`). The files must stay
+/// open until the container's processes have joined the namespaces.
+pub fn open_namespaces_by_fd(
+    spec: &mut serde_json::Value,
+    bundle: &Path,
+) -> Result<Vec<std::fs::File>, String> {
+    let mut files = Vec::new();
+    spec::name_namespaces_by_fd(spec, bundle, |kind, path| {
+        let file = std::fs::File::open(path).map_err(|e| format!("open {kind} namespace {path}: {e}"))?;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+        files.push(file);
+        Ok(fd)
+    })?;
+    Ok(files)
 }
 
 /// As `runc delete`: a container whose state is gone (or was never written, after a create

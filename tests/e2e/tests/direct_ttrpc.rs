@@ -39,14 +39,10 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
     let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config)?)?;
     spec["hostname"] = "renamed-by-a-pod".into();
     std::fs::write(&config, serde_json::to_vec(&spec)?)?;
-    std::fs::write(bundle.join("sandbox"), &shim.id)?;
-    let create = CreateTaskRequest {
-        id: renamer.clone(),
-        bundle: bundle.display().to_string(),
-        rootfs,
-        ..Default::default()
-    };
-    let err = shim.task.create(ctx(), &create).await.expect_err("a hostname in the node's UTS namespace");
+    let err = shim
+        .create_task(&renamer, &bundle, rootfs)
+        .await
+        .expect_err("a hostname in the node's UTS namespace");
     let err = err.to_string();
     assert!(err.contains("config.json: hostname: ") && err.contains("renamed-by-a-pod"), "{err}");
     assert_eq!(nix::unistd::gethostname()?, node_name, "the node keeps its name");

@@ -167,8 +167,17 @@ impl DirectShim {
     /// A container made by [`container_bundle`], created and started the way containerd's task
     /// manager does it; returns its bundle and init pid.
     pub async fn run_container(&self, cid: &str, sandbox_pid: u32, args: &[&str]) -> Result<(PathBuf, u32)> {
-        use containerd_shim_protos::api::{CreateTaskRequest, StartRequest};
+        use containerd_shim_protos::api::StartRequest;
         let (bundle, rootfs) = container_bundle(&self.dir, cid, sandbox_pid, args)?;
+        let pid = self.create_task(cid, &bundle, rootfs).await?;
+        self.task.start(ctx(), &StartRequest { id: cid.into(), ..Default::default() }).await?;
+        Ok((bundle, pid))
+    }
+
+    /// Task.Create of container `cid` in this shim's pod from `bundle` (see [`container_bundle`]),
+    /// as containerd's task manager sends it; the container's pid.
+    pub async fn create_task(&self, cid: &str, bundle: &Path, rootfs: Vec<Mount>) -> Result<u32> {
+        use containerd_shim_protos::api::CreateTaskRequest;
         std::fs::write(bundle.join("sandbox"), &self.id)?;
         let create = CreateTaskRequest {
             id: cid.into(),
@@ -176,9 +185,7 @@ impl DirectShim {
             rootfs,
             ..Default::default()
         };
-        let pid = self.task.create(ctx(), &create).await?.pid;
-        self.task.start(ctx(), &StartRequest { id: cid.into(), ..Default::default() }).await?;
-        Ok((bundle, pid))
+        Ok(self.task.create(ctx(), &create).await?.pid)
     }
 
     /// ShutdownSandbox of this shim's pod: what ends a test's pod (and, per pod, its server).
