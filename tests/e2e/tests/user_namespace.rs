@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use corral_rig::cri::{container_config, container_ns, pod_ns};
@@ -56,6 +57,19 @@ const COPIES_DIR: &str = "/run/corral/idmap";
 
 /// kubelet's shape of mapping: 65536 ids from a multiple of 65536.
 const HOST_ID: u32 = 196_608;
+
+/// Fails if a mount of `ids` (containers) or an idmapped copy is left. The copies directory is
+/// shared by the file's tests, which run in parallel: another test's container holds copies for
+/// the few milliseconds of its create. A leaked copy stays, so the copies get a few seconds to go.
+async fn assert_no_mounts_left(ids: &[&str]) -> Result<()> {
+    let left: Vec<_> = ids.iter().flat_map(|id| probe::mounts_containing(id)).collect();
+    assert!(left.is_empty(), "mounts left: {left:?}");
+    corral_rig::eventually(Duration::from_secs(5), || {
+        let left = probe::mounts_containing(COPIES_DIR);
+        (!left.is_empty()).then(|| format!("idmapped copies left: {left:?}"))
+    })
+    .await
+}
 
 fn userns_pod() -> UserNamespace {
     let map = || vec![IdMapping { host_id: HOST_ID, container_id: 0, length: 65_536 }];
@@ -157,8 +171,7 @@ async fn a_container_in_a_user_namespace_pod_owns_its_idmapped_rootfs() -> Resul
     let left = probe::mounts_containing(&id);
     assert!(left.is_empty(), "mounts left after RemoveContainer: {left:?}");
     cri.stop_and_remove_pod(&pod).await?;
-    let left = probe::mounts_containing(COPIES_DIR);
-    assert!(left.is_empty(), "idmapped copies left: {left:?}");
+    assert_no_mounts_left(&[]).await?;
     Ok(())
 }
 
@@ -201,9 +214,7 @@ async fn an_id_mapped_volume_keeps_the_host_owners_inside_the_pod() -> Result<()
     cri.stop_container(&id).await?;
     cri.remove_container(&id).await?;
     cri.stop_and_remove_pod(&pod).await?;
-    let left: Vec<_> =
-        probe::mounts_containing(&id).into_iter().chain(probe::mounts_containing(COPIES_DIR)).collect();
-    assert!(left.is_empty(), "mounts left: {left:?}");
+    assert_no_mounts_left(&[&id]).await?;
     Ok(())
 }
 
@@ -258,9 +269,7 @@ async fn the_builtin_runtime_runs_and_execs_in_the_pods_user_namespace() -> Resu
         cri.exec_sync(&c, &["sh", "-c", "touch /root-owned && stat -c %u /root-owned"]).await?;
     assert_eq!((code, out.trim()), (0, "0"), "root inside may write its rootfs: {err}");
     cri.stop_and_remove_pod(&pod).await?;
-    let left: Vec<_> =
-        probe::mounts_containing(&c).into_iter().chain(probe::mounts_containing(COPIES_DIR)).collect();
-    assert!(left.is_empty(), "mounts left: {left:?}");
+    assert_no_mounts_left(&[&c]).await?;
     Ok(())
 }
 
@@ -298,9 +307,7 @@ async fn a_group_the_pod_does_not_map_fails_naming_it_and_leaves_nothing() -> Re
     assert!(probe::pids_in_cgroup_of(&id).is_empty(), "no process left");
     assert!(!corral_rig::runtime_root().join(&id).exists(), "no runtime state left");
     cri.remove_container(&id).await?;
-    let left: Vec<_> =
-        probe::mounts_containing(&id).into_iter().chain(probe::mounts_containing(COPIES_DIR)).collect();
-    assert!(left.is_empty(), "mounts left: {left:?}");
+    assert_no_mounts_left(&[&id]).await?;
 
     let c = cri
         .run_container(&pod, &cfg, &{
