@@ -7,7 +7,7 @@ use libcgroups::common::{
     create_cgroup_manager, AnyCgroupManager, CgroupConfig, CgroupManager, ControllerOpt,
 };
 use libcontainer::container::builder::ContainerBuilder;
-use libcontainer::container::Container;
+use libcontainer::container::{Container, ContainerStatus};
 use libcontainer::oci_spec::runtime::LinuxResources;
 use libcontainer::signal::Signal;
 use libcontainer::syscall::syscall::SyscallType;
@@ -236,7 +236,20 @@ pub fn load(global: &Global, id: &str) -> Result<Container, String> {
     if !dir.join("state.json").exists() {
         return Err(format!("container {id:?} does not exist"));
     }
-    Container::load(dir).map_err(|e| chain(&e))
+    let mut container = Container::load(dir).map_err(|e| chain(&e))?;
+    if started_by_its_caller(&container) {
+        container.set_status(ContainerStatus::Running).save().map_err(|e| chain(&e))?;
+    }
+    Ok(container)
+}
+
+/// corral starts a created container itself, as runc's `start` would: it sends the init the
+/// start message on `notify.sock` and removes the socket (its `task::runc::Runc::start`). A
+/// created container whose init lives and whose socket is gone has therefore been started;
+/// libcontainer, which saves `running` only in its own `start`, would still call it created.
+fn started_by_its_caller(container: &Container) -> bool {
+    container.status() == ContainerStatus::Created
+        && !container.root.join(libcontainer::notify_socket::NOTIFY_FILE).exists()
 }
 
 fn make_root(root: &Path) -> Result<(), Failure> {

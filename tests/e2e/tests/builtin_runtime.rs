@@ -65,6 +65,8 @@ async fn containers_run_without_runc_and_leave_nothing() -> Result<()> {
     let state = Path::new(STATE).join(&c);
     assert!(state.join("state.json").is_file(), "libcontainer's state for {c} under {STATE}");
     assert!(!Path::new("/run/corral/runc/k8s.io").join(&c).exists(), "runc knows nothing of {c}");
+    // corral sent the start itself (no corral-oci process), then removed the init's socket.
+    assert!(!state.join("notify.sock").exists(), "StartContainer used {c}'s notify.sock and removed it");
     let pid = cri.container_pid(&c).await?;
     // The helper is gone once the container is created: the init was reparented to corral's
     // server (a subreaper), which watches its exit.

@@ -154,6 +154,38 @@ async fn a_host_network_pod_and_its_container_use_the_node_network_and_uts() -> 
     Ok(())
 }
 
+/// corral starts a created container itself (no runtime process), which would skip the
+/// poststart hooks a runtime's own `start` runs (libcontainer's does; runc 1.1 runs them at
+/// create): a spec with such hooks is started by the runtime, and its hook runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poststart_hook_has_run_once_the_container_is_started() -> Result<()> {
+    let id = format!("hooks-{}", std::process::id());
+    let shim = DirectShim::start(&id).await?;
+    let netns = corral_rig::direct::TestNetns::new(&format!("crl-hooks-{}", std::process::id()))?;
+    let holder = shim.run_pod(&pod_config("hooks", &shim.dir), &netns.path.display().to_string()).await?;
+    let cid = format!("{id}-c1");
+    let (bundle, rootfs) = corral_rig::direct::container_bundle(&shim.dir, &cid, holder, &["sleep", "1000"])?;
+    let marker = shim.dir.join("poststart-ran");
+    let config = bundle.join("config.json");
+    let mut spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&config)?)?;
+    // Hooks run in the runtime's namespaces and get the container's state on stdin.
+    spec["hooks"] = serde_json::json!({"poststart": [{
+        "path": "/bin/sh",
+        "args": ["sh", "-c", format!("cat > {}", marker.display())],
+    }]});
+    std::fs::write(&config, serde_json::to_vec(&spec)?)?;
+    shim.create_task(&cid, &bundle, rootfs).await?;
+    shim.task.start(ctx(), &StartRequest { id: cid.clone(), ..Default::default() }).await?;
+    let state = std::fs::read_to_string(&marker).context("the poststart hook did not run")?;
+    assert!(state.contains(&cid), "the hook got the container's state: {state}");
+
+    shim.task.kill(ctx(), &KillRequest { id: cid.clone(), signal: 9, ..Default::default() }).await?;
+    shim.task.wait(ctx(), &WaitRequest { id: cid.clone(), ..Default::default() }).await?;
+    shim.task.delete(ctx(), &DeleteRequest { id: cid.clone(), ..Default::default() }).await?;
+    shim.shutdown_sandbox().await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_deletes_after_a_crash_release_everything() -> Result<()> {
     let id = format!("racing-{}", std::process::id());

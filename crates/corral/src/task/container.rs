@@ -33,6 +33,8 @@ pub struct Container {
     /// Its processes share a pid namespace, so its init's exit does not end them (see
     /// [`Container::wait_init_exit`]).
     kill_all_on_exit: bool,
+    /// The spec has poststart hooks, which only the runtime's own `start` runs.
+    start_hooks: bool,
     execs: Mutex<HashMap<String, Exec>>,
 }
 
@@ -100,6 +102,7 @@ impl Container {
         // Attached until runc has bound them into the container (released below either way).
         let mut bind_copies = idmap::BindCopies::prepare(&mut spec, userns.as_ref())?;
         let kill_all_on_exit = oci::shares_pid_namespace(&spec);
+        let start_hooks = oci::has_poststart_hooks(&spec);
         let (cgroup, systemd_cgroup) = match spec.pointer("/linux/cgroupsPath").and_then(Value::as_str) {
             Some(p) if !p.is_empty() => (
                 Some(crate::cgroups::path::resolve_container(p)?),
@@ -156,6 +159,7 @@ impl Container {
             paused: Default::default(),
             namespace: namespace.to_string(),
             kill_all_on_exit,
+            start_hooks,
             execs: Mutex::new(HashMap::new()),
         })
     }
@@ -170,7 +174,7 @@ impl Container {
                 )))
             }
         }
-        runc.start(&self.id, || self.init.exit().is_none()).await?;
+        runc.start(&self.id, self.start_hooks, || self.init.exit().is_none()).await?;
         self.init.set_running();
         Ok(())
     }

@@ -126,6 +126,12 @@ pub fn shares_pid_namespace(spec: &Value) -> bool {
     }
 }
 
+/// Whether the spec has `hooks.poststart`: the runtime's own `start` runs them (runc 1.1 at
+/// create already, libcontainer at start), so corral then leaves the start to the runtime.
+pub fn has_poststart_hooks(spec: &Value) -> bool {
+    spec.pointer("/hooks/poststart").and_then(Value::as_array).is_some_and(|hooks| !hooks.is_empty())
+}
+
 /// The `terminal` flag of the spec's process.
 pub fn wants_terminal(process: &Value) -> bool {
     process.get("terminal").and_then(Value::as_bool).unwrap_or(false)
