@@ -327,6 +327,21 @@ mod tests {
     }
 
     #[test]
+    fn tells_poststart_hooks() {
+        let mut spec = cri_spec();
+        assert!(!has_poststart_hooks(&spec));
+        for (hooks, want) in [
+            (json!({}), false),
+            (json!({"poststart": []}), false),
+            (json!({"prestart": [{"path": "/bin/true"}]}), false),
+            (json!({"poststart": [{"path": "/bin/true"}]}), true),
+        ] {
+            spec["hooks"] = hooks.clone();
+            assert_eq!(has_poststart_hooks(&spec), want, "{hooks}");
+        }
+    }
+
+    #[test]
     fn leaves_other_containers_namespaces_alone() {
         let mut spec = cri_spec();
         spec["linux"]["namespaces"][0] = json!({"type": "pid", "path": "/proc/777/ns/pid"});
