@@ -238,7 +238,9 @@ pub fn load(global: &Global, id: &str) -> Result<Container, String> {
     }
     let mut container = Container::load(dir).map_err(|e| chain(&e))?;
     if started_by_its_caller(&container) {
-        container.set_status(ContainerStatus::Running).save().map_err(|e| chain(&e))?;
+        // In memory only: operations that change the state save it, and a load that wrote
+        // would race another corral-oci reading state.json at the same moment.
+        container.set_status(ContainerStatus::Running);
     }
     Ok(container)
 }
