@@ -20,7 +20,7 @@ use crate::error::{Error, IoContext, Result};
 
 /// Where libcontainer's (corral-oci's) created init waits for its start, in the container's
 /// state directory.
-pub const NOTIFY_SOCKET: &str = "notify.sock";
+const NOTIFY_SOCKET: &str = "notify.sock";
 
 /// How long a start waits for the init to take it.
 const START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -137,7 +137,7 @@ impl Runc {
     /// Starts a created container.
     ///
     /// Both runtimes' `start` only tell the waiting init to go on, which corral does itself,
-    /// saving the runtime's process (runc ~10 ms, corral-oci ~5 ms, measured in the bench):
+    /// saving the runtime's process (runc ~10 ms, corral-oci ~2 ms, measured in the bench):
     /// - runc's init waits for a reader of `exec.fifo` in runc's state directory;
     /// - corral-oci's (libcontainer's) init waits for a message on `notify.sock` there.
     ///
