@@ -311,13 +311,16 @@ fn enable_controllers(root: &Path, rel: &str) {
 }
 
 /// A new v1 cpuset cgroup has empty cpus/mems and refuses tasks: copy them down from the
-/// nearest ancestor that has them.
+/// nearest ancestor that has both. Both, because shims starting pods at once share new
+/// ancestors: another one may have written an ancestor's cpus and not yet its mems, and copying
+/// that empty mems down left a pod cgroup that refused its holder (ENOSPC, seen in load_many).
+/// Every shim writes the same values top-down, so racing writers agree.
 fn inherit_cpuset(dir: &Path) -> Result<()> {
     let mut chain = Vec::new();
     let mut cur = Some(dir);
     while let Some(d) = cur {
-        let cpus = std::fs::read_to_string(d.join("cpuset.cpus")).unwrap_or_default();
-        if !cpus.trim().is_empty() {
+        let set = |file: &str| std::fs::read_to_string(d.join(file)).is_ok_and(|v| !v.trim().is_empty());
+        if set("cpuset.cpus") && set("cpuset.mems") {
             break;
         }
         chain.push(d.to_path_buf());
@@ -344,6 +347,26 @@ pub fn shares_to_weight(shares: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpuset_is_inherited_from_the_nearest_ancestor_with_cpus_and_mems() {
+        let root = std::env::temp_dir().join(format!("corral-cpuset-{}", std::process::id()));
+        let (a, b) = (root.join("a"), root.join("a/b"));
+        std::fs::create_dir_all(&b).unwrap();
+        let write = |d: &Path, cpus: &str, mems: &str| {
+            std::fs::write(d.join("cpuset.cpus"), cpus).unwrap();
+            std::fs::write(d.join("cpuset.mems"), mems).unwrap();
+        };
+        write(&root, "0-1\n", "0\n");
+        // Another shim has written a's cpus and not yet its mems.
+        write(&a, "0-1", "");
+        write(&b, "", "");
+        inherit_cpuset(&b).unwrap();
+        let read = |d: &Path, f: &str| std::fs::read_to_string(d.join(f)).unwrap();
+        assert_eq!((read(&b, "cpuset.cpus"), read(&b, "cpuset.mems")), ("0-1".into(), "0".into()));
+        assert_eq!(read(&a, "cpuset.mems"), "0");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn finds_v1_hierarchies_in_a_hybrid_mountinfo() {
